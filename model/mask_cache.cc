@@ -1,0 +1,84 @@
+#include "model/mask_cache.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace praxis::model {
+namespace {
+
+// Runs `build`, turning a LibTorch exception into an error so that no waiter is left hanging.
+absl::StatusOr<BlockMask> BuildGuarded(MaskCache::Builder build) {
+  try {
+    return build();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("building a mask failed: ", e.what()));
+  }
+}
+
+}  // namespace
+
+MaskCache::MaskCache(int64_t max_entries) : max_entries_(std::max<int64_t>(1, max_entries)) {}
+
+absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::Get(const MaskKey& key,
+                                                                Builder build) {
+  std::shared_ptr<Node> node;
+  bool must_build = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = nodes_.find(key);
+    if (it != nodes_.end()) {
+      ++stats_.hits;
+      node = it->second;
+      lru_.splice(lru_.begin(), lru_, node->lru_position);
+    } else {
+      ++stats_.misses;
+      must_build = true;
+      node = std::make_shared<Node>();
+      lru_.push_front(key);
+      node->lru_position = lru_.begin();
+      nodes_.emplace(key, node);
+      EvictLocked();
+    }
+  }
+  if (must_build) {
+    absl::StatusOr<BlockMask> built = BuildGuarded(build);
+    if (built.ok()) {
+      node->result = std::make_shared<const BlockMask>(*std::move(built));
+    } else {
+      node->result = built.status();
+      absl::MutexLock lock(&mu_);
+      auto it = nodes_.find(key);
+      if (it != nodes_.end() && it->second == node) {
+        lru_.erase(node->lru_position);
+        nodes_.erase(it);
+      }
+    }
+    node->built.Notify();
+  }
+  node->built.WaitForNotification();
+  return node->result;
+}
+
+absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::GetTower(const MaskKey& key) {
+  return Get(key, [&key] { return BuildTowerMask(key); });
+}
+
+MaskCacheStats MaskCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  MaskCacheStats s = stats_;
+  s.entries = static_cast<int64_t>(nodes_.size());
+  return s;
+}
+
+void MaskCache::EvictLocked() {
+  while (static_cast<int64_t>(nodes_.size()) > max_entries_) {
+    nodes_.erase(lru_.back());
+    lru_.pop_back();
+    ++stats_.evictions;
+  }
+}
+
+}  // namespace praxis::model

@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "model/masks.h"
+
+namespace praxis::model {
+
+// Counters of a MaskCache since its creation.
+struct MaskCacheStats {
+  int64_t hits = 0;       // lookups answered by an entry present or being built
+  int64_t misses = 0;     // lookups that built the entry
+  int64_t evictions = 0;  // entries dropped to stay within capacity
+  int64_t entries = 0;    // entries held now
+};
+
+// A small LRU cache of built tower masks keyed by MaskKey, shared by every batch of a model.
+//
+// Like LevelDB's Cache, it hands out shared references: an entry evicted while a batch still uses
+// it stays alive until that batch drops it. Thread-safe. A missing key is built exactly once, by
+// the first caller, outside the lock; callers that ask for the same key meanwhile wait for that
+// build and share its result (single flight). A failed build is reported to every waiter and not
+// cached, so a later lookup tries again.
+class MaskCache {
+ public:
+  using Builder = absl::FunctionRef<absl::StatusOr<BlockMask>()>;
+
+  explicit MaskCache(int64_t max_entries = 64);
+  MaskCache(const MaskCache&) = delete;
+  MaskCache& operator=(const MaskCache&) = delete;
+
+  // The mask of `key`, calling `build` on a miss. Returns build's error if the build failed.
+  absl::StatusOr<std::shared_ptr<const BlockMask>> Get(const MaskKey& key, Builder build);
+
+  // The mask of `key` built with BuildTowerMask on a miss.
+  absl::StatusOr<std::shared_ptr<const BlockMask>> GetTower(const MaskKey& key);
+
+  MaskCacheStats stats() const;
+  int64_t max_entries() const { return max_entries_; }
+
+ private:
+  struct Node {
+    absl::Notification built;
+    absl::StatusOr<std::shared_ptr<const BlockMask>> result;
+    std::list<MaskKey>::iterator lru_position;
+  };
+
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int64_t max_entries_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<MaskKey, std::shared_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
+  std::list<MaskKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  MaskCacheStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace praxis::model

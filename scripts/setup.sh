@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs everything a fresh Debian 12 machine lacks to build and test praxis-serve.
+# Idempotent: packages already present and an existing virtual environment are reused.
+#   PRAXIS_VENV   where the Python venv with the pinned torch lives (default ~/.cache/praxis-serve/venv)
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+VENV="${PRAXIS_VENV:-$HOME/.cache/praxis-serve/venv}"
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libgoogle-glog-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libssl-dev zlib1g-dev libc-ares-dev libre2-dev
+  python3-venv curl
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/praxis-apt.log 2>&1 ||
+    { cat /tmp/praxis-apt.log; exit 1; }
+fi
+
+PY="${PRAXIS_PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating venv $VENV"
+  mkdir -p "$(dirname "$VENV")"
+  "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
+fi
+"$VENV/bin/python" -c "import numpy, safetensors, pytest" 2>/dev/null ||
+  "$VENV/bin/pip" install -q numpy safetensors pytest
+echo "setup: ok (venv $VENV, torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

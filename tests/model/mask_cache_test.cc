@@ -1,0 +1,118 @@
+#include "model/mask_cache.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+
+namespace praxis::model {
+namespace {
+
+MaskKey KeyWithText(int64_t text_len) {
+  return EncoderMaskKey(WindowLayout{.registers = 1, .anchor_h = 1, .anchor_w = 1,
+                                     .text_len = text_len, .k = 2, .f = 1, .h = 1, .w = 2},
+                        8);
+}
+
+// A builder that counts its calls and builds the real tower mask.
+struct CountingBuilder {
+  absl::StatusOr<BlockMask> operator()() {
+    ++calls;
+    return BuildTowerMask(key);
+  }
+  MaskKey key;
+  std::atomic<int> calls = 0;
+};
+
+TEST(MaskCacheTest, SecondLookupHitsAndReturnsTheSameMask) {
+  MaskCache cache(4);
+  CountingBuilder b{KeyWithText(3)};
+  auto first = *cache.Get(b.key, std::ref(b));
+  auto second = *cache.Get(b.key, std::ref(b));
+  EXPECT_EQ(first.get(), second.get());
+  EXPECT_EQ(b.calls, 1);
+  EXPECT_EQ(cache.stats().hits, 1);
+  EXPECT_EQ(cache.stats().misses, 1);
+  EXPECT_TRUE(torch::equal(first->TileClasses(), BuildTowerMask(b.key)->TileClasses()));
+}
+
+TEST(MaskCacheTest, EvictsLeastRecentlyUsedBeyondCapacity) {
+  MaskCache cache(2);
+  ASSERT_TRUE(cache.GetTower(KeyWithText(1)).ok());
+  ASSERT_TRUE(cache.GetTower(KeyWithText(2)).ok());
+  ASSERT_TRUE(cache.GetTower(KeyWithText(1)).ok());  // 1 is now the most recent
+  ASSERT_TRUE(cache.GetTower(KeyWithText(3)).ok());  // evicts 2
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_EQ(cache.stats().entries, 2);
+  const int64_t misses = cache.stats().misses;
+  ASSERT_TRUE(cache.GetTower(KeyWithText(1)).ok());
+  ASSERT_TRUE(cache.GetTower(KeyWithText(3)).ok());
+  EXPECT_EQ(cache.stats().misses, misses) << "1 and 3 stayed";
+  ASSERT_TRUE(cache.GetTower(KeyWithText(2)).ok());
+  EXPECT_EQ(cache.stats().misses, misses + 1) << "2 was evicted";
+}
+
+TEST(MaskCacheTest, EvictedMaskStaysAliveForItsHolder) {
+  MaskCache cache(1);
+  std::shared_ptr<const BlockMask> held = *cache.GetTower(KeyWithText(1));
+  ASSERT_TRUE(cache.GetTower(KeyWithText(2)).ok());
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_GT(held->num_q_tiles(), 0);
+}
+
+TEST(MaskCacheTest, ConcurrentLookupsOfOneKeyBuildOnce) {
+  MaskCache cache;
+  const MaskKey key = KeyWithText(5);
+  std::atomic<int> builds = 0;
+  absl::Notification release;
+  std::atomic<int> waiting = 0;
+  std::vector<std::shared_ptr<const BlockMask>> got(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      ++waiting;
+      got[i] = *cache.Get(key, [&]() -> absl::StatusOr<BlockMask> {
+        ++builds;
+        // Hold the build until every thread has asked, so they all meet it in flight.
+        release.WaitForNotificationWithTimeout(absl::Seconds(10));
+        return BuildTowerMask(key);
+      });
+    });
+  }
+  while (waiting < 16) std::this_thread::yield();
+  release.Notify();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(builds, 1);
+  for (const auto& m : got) EXPECT_EQ(m.get(), got[0].get());
+  EXPECT_EQ(cache.stats().misses, 1);
+  EXPECT_EQ(cache.stats().hits, 15);
+}
+
+TEST(MaskCacheTest, FailedBuildIsReportedAndNotCached) {
+  MaskCache cache;
+  const MaskKey key = KeyWithText(4);
+  auto failed = cache.Get(key, [] { return absl::StatusOr<BlockMask>(absl::InternalError("x")); });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(cache.stats().entries, 0);
+  EXPECT_TRUE(cache.GetTower(key).ok()) << "a later lookup builds again";
+}
+
+TEST(MaskCacheTest, ThrowingBuildBecomesAnError) {
+  MaskCache cache;
+  auto failed = cache.Get(KeyWithText(4), []() -> absl::StatusOr<BlockMask> {
+    const TokenTags tags = ExpertQueryTags(2, 2, 1);
+    return BuildBlockMask(
+        [](const torch::Tensor& q, const torch::Tensor&) -> torch::Tensor {
+          TORCH_CHECK(false, "rule failed");
+        },
+        tags, tags, 2);
+  });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(failed.status().message().find("rule failed"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace praxis::model
