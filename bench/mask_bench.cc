@@ -10,8 +10,14 @@
 namespace praxis::model {
 namespace {
 
-const WindowLayout kBenchLayout{.registers = 4, .anchor_h = 30, .anchor_w = 40, .text_len = 256,
-                                .k = 4, .f = 2, .h = 30, .w = 40};
+const WindowLayout kBenchLayout{.registers = 4,
+                                .anchor_h = 30,
+                                .anchor_w = 40,
+                                .text_len = 256,
+                                .k = 4,
+                                .f = 2,
+                                .h = 30,
+                                .w = 40};
 
 void SetMaskCounters(benchmark::State& state, const BlockMask& m) {
   const torch::Tensor classes = m.TileClasses();
@@ -29,7 +35,7 @@ void BM_EncoderMaskColdBuild(benchmark::State& state) {
     MaskCache cache;  // a fresh cache: every lookup is a miss that builds
     benchmark::DoNotOptimize(cache.GetTower(key));
   }
-  SetMaskCounters(state, **MaskCache().GetTower(key));
+  SetMaskCounters(state, (*MaskCache().GetTower(key))->block);
 }
 BENCHMARK(BM_EncoderMaskColdBuild)->Unit(benchmark::kMicrosecond);
 

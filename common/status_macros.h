@@ -9,9 +9,9 @@
 #define PRAXIS_STATUS_CONCAT_(a, b) PRAXIS_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define PRAXIS_RETURN_IF_ERROR(expr)                \
-  do {                                              \
-    ::absl::Status praxis_status_ = (expr);         \
+#define PRAXIS_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status praxis_status_ = (expr);          \
     if (!praxis_status_.ok()) return praxis_status_; \
   } while (false)
 

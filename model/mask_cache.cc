@@ -5,12 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace praxis::model {
 namespace {
 
 // Runs `build`, turning a LibTorch exception into an error so that no waiter is left hanging.
-absl::StatusOr<BlockMask> BuildGuarded(MaskCache::Builder build) {
+absl::StatusOr<TowerMask> BuildGuarded(MaskCache::Builder build) {
   try {
     return build();
   } catch (const std::exception& e) {
@@ -22,8 +23,7 @@ absl::StatusOr<BlockMask> BuildGuarded(MaskCache::Builder build) {
 
 MaskCache::MaskCache(int64_t max_entries) : max_entries_(std::max<int64_t>(1, max_entries)) {}
 
-absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::Get(const MaskKey& key,
-                                                                Builder build) {
+absl::StatusOr<std::shared_ptr<const TowerMask>> MaskCache::Get(const MaskKey& key, Builder build) {
   std::shared_ptr<Node> node;
   bool must_build = false;
   {
@@ -44,9 +44,9 @@ absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::Get(const MaskKey& k
     }
   }
   if (must_build) {
-    absl::StatusOr<BlockMask> built = BuildGuarded(build);
+    absl::StatusOr<TowerMask> built = BuildGuarded(build);
     if (built.ok()) {
-      node->result = std::make_shared<const BlockMask>(*std::move(built));
+      node->result = std::make_shared<const TowerMask>(*std::move(built));
     } else {
       node->result = built.status();
       absl::MutexLock lock(&mu_);
@@ -62,8 +62,15 @@ absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::Get(const MaskKey& k
   return node->result;
 }
 
-absl::StatusOr<std::shared_ptr<const BlockMask>> MaskCache::GetTower(const MaskKey& key) {
-  return Get(key, [&key] { return BuildTowerMask(key); });
+absl::StatusOr<std::shared_ptr<const TowerMask>> MaskCache::GetTower(const MaskKey& key) {
+  return Get(key, [&key]() -> absl::StatusOr<TowerMask> {
+    PRAXIS_ASSIGN_OR_RETURN(BlockMask block, BuildTowerMask(key));
+    return TowerMask{std::move(block), {}, {}};
+  });
+}
+
+int64_t TowerMask::nbytes() const {
+  return block.nbytes() + plan.nbytes() + (dense.defined() ? dense.nbytes() : 0);
 }
 
 MaskCacheStats MaskCache::stats() const {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "model/attention.h"
 #include "model/masks.h"
 
 namespace praxis::model {
@@ -22,7 +23,18 @@ struct MaskCacheStats {
   int64_t entries = 0;    // entries held now
 };
 
-// A small LRU cache of built tower masks keyed by MaskKey, shared by every batch of a model.
+// What a tower layout's attention reads, built once per layout: the BlockMask, and (filled by the
+// model on its device) either the sparse plan or the dense mask of the attention mode in use.
+struct TowerMask {
+  BlockMask block;
+  AttentionPlan plan;
+  torch::Tensor dense;  // bool [T, T], only in AttentionMode::kDense
+
+  int64_t nbytes() const;
+};
+
+// A small LRU cache of built tower masks keyed by MaskKey (the layout key), shared by every batch
+// of a model.
 //
 // Like LevelDB's Cache, it hands out shared references: an entry evicted while a batch still uses
 // it stays alive until that batch drops it. Thread-safe. A missing key is built exactly once, by
@@ -31,17 +43,17 @@ struct MaskCacheStats {
 // cached, so a later lookup tries again.
 class MaskCache {
  public:
-  using Builder = absl::FunctionRef<absl::StatusOr<BlockMask>()>;
+  using Builder = absl::FunctionRef<absl::StatusOr<TowerMask>()>;
 
   explicit MaskCache(int64_t max_entries = 64);
   MaskCache(const MaskCache&) = delete;
   MaskCache& operator=(const MaskCache&) = delete;
 
   // The mask of `key`, calling `build` on a miss. Returns build's error if the build failed.
-  absl::StatusOr<std::shared_ptr<const BlockMask>> Get(const MaskKey& key, Builder build);
+  absl::StatusOr<std::shared_ptr<const TowerMask>> Get(const MaskKey& key, Builder build);
 
-  // The mask of `key` built with BuildTowerMask on a miss.
-  absl::StatusOr<std::shared_ptr<const BlockMask>> GetTower(const MaskKey& key);
+  // The mask of `key` built with BuildTowerMask (BlockMask only) on a miss.
+  absl::StatusOr<std::shared_ptr<const TowerMask>> GetTower(const MaskKey& key);
 
   MaskCacheStats stats() const;
   int64_t max_entries() const { return max_entries_; }
@@ -49,7 +61,7 @@ class MaskCache {
  private:
   struct Node {
     absl::Notification built;
-    absl::StatusOr<std::shared_ptr<const BlockMask>> result;
+    absl::StatusOr<std::shared_ptr<const TowerMask>> result;
     std::list<MaskKey>::iterator lru_position;
   };
 

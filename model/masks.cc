@@ -128,8 +128,9 @@ namespace {
 // present tiles ascending, then the rest ascending (a stable descending sort).
 std::pair<torch::Tensor, torch::Tensor> OrderedTiles(const torch::Tensor& present) {
   torch::Tensor counts = present.sum(1).to(torch::kInt32);
-  torch::Tensor order = std::get<1>(present.to(torch::kInt32).sort(/*stable=*/true, /*dim=*/1,
-                                                                    /*descending=*/true));
+  torch::Tensor order = std::get<1>(present.to(torch::kInt32)
+                                        .sort(/*stable=*/true, /*dim=*/1,
+                                              /*descending=*/true));
   return {counts, order.to(torch::kInt32).contiguous()};
 }
 
@@ -177,14 +178,15 @@ absl::StatusOr<BlockMask> BuildBlockMask(const MaskRule& rule, const TokenTags& 
   const Runs q_runs = TagRuns(q_tags), kv_runs = TagRuns(kv_tags);
   // The rule on one representative per run pair, and its 2-D prefix sums.
   const torch::Tensor allowed = rule(q_runs.first, kv_runs.first);
-  torch::Tensor sums = torch::constant_pad_nd(allowed.to(torch::kInt64).cumsum(0).cumsum(1),
-                                              {1, 0, 1, 0}, 0);
+  torch::Tensor sums =
+      torch::constant_pad_nd(allowed.to(torch::kInt64).cumsum(0).cumsum(1), {1, 0, 1, 0}, 0);
   const auto [qa, qb] = TileRunRanges(q_runs, block_size);
   const auto [ka, kb] = TileRunRanges(kv_runs, block_size);
   // Allowed run pairs inside each tile's rectangle of runs [qa, qb] x [ka, kb].
   const int64_t w = sums.size(1);
   auto at = [&](const torch::Tensor& r, const torch::Tensor& c) {
-    return sums.flatten().index_select(0, (r.unsqueeze(1) * w + c.unsqueeze(0)).flatten())
+    return sums.flatten()
+        .index_select(0, (r.unsqueeze(1) * w + c.unsqueeze(0)).flatten())
         .view({r.numel(), c.numel()});
   };
   const torch::Tensor count = at(qb + 1, kb + 1) - at(qa, kb + 1) - at(qb + 1, ka) + at(qa, ka);
@@ -203,6 +205,15 @@ absl::StatusOr<BlockMask> BuildBlockMask(const MaskRule& rule, const TokenTags& 
   std::tie(mask.kv_num_blocks, mask.kv_indices) = OrderedTiles(partial);
   std::tie(mask.full_kv_num_blocks, mask.full_kv_indices) = OrderedTiles(full);
   return mask;
+}
+
+int64_t AllowedPairs(const MaskRule& rule, const TokenTags& q_tags, const TokenTags& kv_tags) {
+  const Runs q = TagRuns(q_tags), kv = TagRuns(kv_tags);
+  const torch::Tensor q_sizes = torch::bincount(q.run_of).to(torch::kFloat64);
+  const torch::Tensor kv_sizes = torch::bincount(kv.run_of).to(torch::kFloat64);
+  const torch::Tensor allowed = rule(q.first, kv.first).to(torch::kFloat64);
+  return static_cast<int64_t>(
+      torch::matmul(q_sizes, torch::matmul(allowed, kv_sizes)).item<double>());
 }
 
 std::vector<Slot> EncoderSlots(const WindowLayout& l) {
@@ -227,13 +238,13 @@ int64_t MaskKey::length() const {
 }
 
 std::string MaskKey::DebugString() const {
-  return absl::StrCat(
-      tower == Tower::kEncoder ? "encoder" : "decoder", "[",
-      absl::StrJoin(slots, ",",
-                    [](std::string* out, const Slot& s) {
-                      absl::StrAppend(out, s.kind, ":", s.frames, "x", s.tokens_per_frame);
-                    }),
-      "] chunk=", chunk_size, " block=", block_size);
+  return absl::StrCat(tower == Tower::kEncoder ? "encoder" : "decoder", "[",
+                      absl::StrJoin(slots, ",",
+                                    [](std::string* out, const Slot& s) {
+                                      absl::StrAppend(out, s.kind, ":", s.frames, "x",
+                                                      s.tokens_per_frame);
+                                    }),
+                      "] chunk=", chunk_size, " block=", block_size);
 }
 
 MaskKey EncoderMaskKey(const WindowLayout& layout, int64_t block_size) {

@@ -6,12 +6,12 @@
 // frame. A mask rule is a pure function of the tags of a query and a key, evaluated vectorised on
 // tensors, so one rule serves the dense boolean mask and the tile-sparse BlockMask alike.
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -103,14 +103,18 @@ struct BlockMask {
   torch::Tensor TileClasses() const;
 };
 
-// Builds the BlockMask of `rule` over queries tagged `q_tags` and keys tagged `kv_tags`. A rule is a
-// pure function of tags (the seed's contract), so the rule is evaluated once per pair of tag runs
+// Builds the BlockMask of `rule` over queries tagged `q_tags` and keys tagged `kv_tags`. A rule is
+// a pure function of tags (the seed's contract), so the rule is evaluated once per pair of tag runs
 // (maximal stretches of identical tags), and each tile is classified from the runs it covers by
 // 2-D prefix sums: no dense mask is ever formed, and the cost grows with the tile and run counts,
 // not with q_len * kv_len. InvalidArgument for empty sequences or a non-positive block size.
 absl::StatusOr<BlockMask> BuildBlockMask(const MaskRule& rule, const TokenTags& q_tags,
                                          const TokenTags& kv_tags,
                                          int64_t block_size = kDefaultBlockSize);
+
+// The number of allowed (query, key) pairs of `rule`, counted per tag run: the useful work of an
+// attention call, for FLOP accounting.
+int64_t AllowedPairs(const MaskRule& rule, const TokenTags& q_tags, const TokenTags& kv_tags);
 
 // The geometry of one window step, as far as the masks care: register count, anchor grid, text
 // length, K chunks of F latent frames, and the latent grid h x w the encoder sees.

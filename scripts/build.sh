@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${PRAXIS_VENV:-$HOME/.cache/praxis-serve/venv}"
 BUILD="${PRAXIS_BUILD_DIR:-build}"
-cmake -S . -B "$BUILD" -G Ninja -DPRAXIS_PYTHON="$VENV/bin/python" -Wno-dev >"$BUILD.cmake.log" 2>&1 ||
-  { cat "$BUILD.cmake.log"; exit 1; }
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -G Ninja -DPRAXIS_PYTHON="$VENV/bin/python" -Wno-dev >"$BUILD/cmake.log" 2>&1 ||
+  { cat "$BUILD/cmake.log"; exit 1; }
 cmake --build "$BUILD" -j "${PRAXIS_JOBS:-2}"

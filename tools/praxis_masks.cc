@@ -2,10 +2,9 @@
 // the C++ masks can be compared with PyTorch flex attention's create_block_mask.
 
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,7 +16,8 @@
 #include "common/status_macros.h"
 #include "model/masks.h"
 
-ABSL_FLAG(std::string, tower, "", "encoder | decoder: use the tower layout given by the flags below");
+ABSL_FLAG(std::string, tower, "",
+          "encoder | decoder: use the tower layout given by the flags below");
 ABSL_FLAG(int64_t, registers, 4, "register tokens");
 ABSL_FLAG(int64_t, anchor_h, 0, "anchor grid rows (encoder)");
 ABSL_FLAG(int64_t, anchor_w, 0, "anchor grid columns (encoder)");
@@ -152,13 +152,14 @@ absl::StatusOr<Problem> Resolve(const Request& r) {
   if (r.rule == "expert_cross") {
     return Problem{ExpertCrossRule(q_tags, kv_tags, r.window), q_tags, kv_tags};
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "rule must be chunk_causal, expert_self or expert_cross, got '", r.rule, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("rule must be chunk_causal, expert_self or expert_cross, got '", r.rule, "'"));
 }
 
 json TensorJson(const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kInt64).contiguous();
-  if (c.dim() == 1) return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  if (c.dim() == 1)
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
   json rows = json::array();
   for (int64_t i = 0; i < c.size(0); ++i) rows.push_back(TensorJson(c[i]));
   return rows;
@@ -175,7 +176,8 @@ absl::StatusOr<json> Answer(const Request& r) {
               {"full_kv_num_blocks", TensorJson(m.full_kv_num_blocks)},
               {"full_kv_indices", TensorJson(m.full_kv_indices)}};
   if (r.dense) {
-    const torch::Tensor d = DenseMask(p.rule, p.q_tags.length(), p.kv_tags.length()).to(torch::kUInt8).contiguous();
+    const torch::Tensor d =
+        DenseMask(p.rule, p.q_tags.length(), p.kv_tags.length()).to(torch::kUInt8).contiguous();
     json rows = json::array();
     for (int64_t i = 0; i < d.size(0); ++i) {
       std::string row(d.size(1), '0');
@@ -199,8 +201,10 @@ int Main() {
     absl::StatusOr<Request> r = FromFlags();
     if (r.ok() && !absl::GetFlag(FLAGS_slots).empty()) {
       absl::StatusOr<std::vector<Slot>> slots = ParseSlots(absl::GetFlag(FLAGS_slots));
-      if (!slots.ok()) r = slots.status();
-      else r->slots = *std::move(slots);
+      if (!slots.ok())
+        r = slots.status();
+      else
+        r->slots = *std::move(slots);
     }
     if (r.ok() && r->tower.empty() && r->slots.empty()) {
       r = absl::InvalidArgumentError("give --tower or --slots (see --help)");

@@ -1,27 +1,34 @@
 #include "model/mask_cache.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
 
 namespace praxis::model {
 namespace {
 
 MaskKey KeyWithText(int64_t text_len) {
-  return EncoderMaskKey(WindowLayout{.registers = 1, .anchor_h = 1, .anchor_w = 1,
-                                     .text_len = text_len, .k = 2, .f = 1, .h = 1, .w = 2},
+  return EncoderMaskKey(WindowLayout{.registers = 1,
+                                     .anchor_h = 1,
+                                     .anchor_w = 1,
+                                     .text_len = text_len,
+                                     .k = 2,
+                                     .f = 1,
+                                     .h = 1,
+                                     .w = 2},
                         8);
 }
 
 // A builder that counts its calls and builds the real tower mask.
 struct CountingBuilder {
-  absl::StatusOr<BlockMask> operator()() {
+  absl::StatusOr<TowerMask> operator()() {
     ++calls;
-    return BuildTowerMask(key);
+    return TowerMask{*BuildTowerMask(key), {}, {}};
   }
   MaskKey key;
   std::atomic<int> calls = 0;
@@ -36,7 +43,7 @@ TEST(MaskCacheTest, SecondLookupHitsAndReturnsTheSameMask) {
   EXPECT_EQ(b.calls, 1);
   EXPECT_EQ(cache.stats().hits, 1);
   EXPECT_EQ(cache.stats().misses, 1);
-  EXPECT_TRUE(torch::equal(first->TileClasses(), BuildTowerMask(b.key)->TileClasses()));
+  EXPECT_TRUE(torch::equal(first->block.TileClasses(), BuildTowerMask(b.key)->TileClasses()));
 }
 
 TEST(MaskCacheTest, EvictsLeastRecentlyUsedBeyondCapacity) {
@@ -57,10 +64,10 @@ TEST(MaskCacheTest, EvictsLeastRecentlyUsedBeyondCapacity) {
 
 TEST(MaskCacheTest, EvictedMaskStaysAliveForItsHolder) {
   MaskCache cache(1);
-  std::shared_ptr<const BlockMask> held = *cache.GetTower(KeyWithText(1));
+  std::shared_ptr<const TowerMask> held = *cache.GetTower(KeyWithText(1));
   ASSERT_TRUE(cache.GetTower(KeyWithText(2)).ok());
   EXPECT_EQ(cache.stats().evictions, 1);
-  EXPECT_GT(held->num_q_tiles(), 0);
+  EXPECT_GT(held->block.num_q_tiles(), 0);
 }
 
 TEST(MaskCacheTest, ConcurrentLookupsOfOneKeyBuildOnce) {
@@ -69,16 +76,16 @@ TEST(MaskCacheTest, ConcurrentLookupsOfOneKeyBuildOnce) {
   std::atomic<int> builds = 0;
   absl::Notification release;
   std::atomic<int> waiting = 0;
-  std::vector<std::shared_ptr<const BlockMask>> got(16);
+  std::vector<std::shared_ptr<const TowerMask>> got(16);
   std::vector<std::thread> threads;
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       ++waiting;
-      got[i] = *cache.Get(key, [&]() -> absl::StatusOr<BlockMask> {
+      got[i] = *cache.Get(key, [&]() -> absl::StatusOr<TowerMask> {
         ++builds;
         // Hold the build until every thread has asked, so they all meet it in flight.
         release.WaitForNotificationWithTimeout(absl::Seconds(10));
-        return BuildTowerMask(key);
+        return TowerMask{*BuildTowerMask(key), {}, {}};
       });
     });
   }
@@ -94,7 +101,7 @@ TEST(MaskCacheTest, ConcurrentLookupsOfOneKeyBuildOnce) {
 TEST(MaskCacheTest, FailedBuildIsReportedAndNotCached) {
   MaskCache cache;
   const MaskKey key = KeyWithText(4);
-  auto failed = cache.Get(key, [] { return absl::StatusOr<BlockMask>(absl::InternalError("x")); });
+  auto failed = cache.Get(key, [] { return absl::StatusOr<TowerMask>(absl::InternalError("x")); });
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
   EXPECT_EQ(cache.stats().entries, 0);
   EXPECT_TRUE(cache.GetTower(key).ok()) << "a later lookup builds again";
@@ -102,13 +109,13 @@ TEST(MaskCacheTest, FailedBuildIsReportedAndNotCached) {
 
 TEST(MaskCacheTest, ThrowingBuildBecomesAnError) {
   MaskCache cache;
-  auto failed = cache.Get(KeyWithText(4), []() -> absl::StatusOr<BlockMask> {
+  auto failed = cache.Get(KeyWithText(4), []() -> absl::StatusOr<TowerMask> {
     const TokenTags tags = ExpertQueryTags(2, 2, 1);
-    return BuildBlockMask(
-        [](const torch::Tensor& q, const torch::Tensor&) -> torch::Tensor {
-          TORCH_CHECK(false, "rule failed");
-        },
-        tags, tags, 2);
+    PRAXIS_ASSIGN_OR_RETURN(
+        BlockMask block, BuildBlockMask([](const torch::Tensor& q, const torch::Tensor&)
+                                            -> torch::Tensor { TORCH_CHECK(false, "rule failed"); },
+                                        tags, tags, 2));
+    return TowerMask{std::move(block), {}, {}};
   });
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(failed.status().message().find("rule failed"), std::string::npos);

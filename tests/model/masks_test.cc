@@ -1,8 +1,8 @@
 #include "model/masks.h"
 
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 namespace praxis::model {
 namespace {
@@ -13,8 +13,14 @@ constexpr int64_t kG = 0, kN0 = 6, kN1 = 8, kN2 = 10, kC0 = 12, kC1 = 14;
 
 struct HandWindow {
   HandWindow() {
-    const WindowLayout layout{.registers = 2, .anchor_h = 1, .anchor_w = 2, .text_len = 2,
-                              .k = 3, .f = 1, .h = 1, .w = 2};
+    const WindowLayout layout{.registers = 2,
+                              .anchor_h = 1,
+                              .anchor_w = 2,
+                              .text_len = 2,
+                              .k = 3,
+                              .f = 1,
+                              .h = 1,
+                              .w = 2};
     TokenTags tags = *WindowTags(EncoderSlots(layout), 1);
     dense = DenseMask(ChunkCausalRule(tags), tags.length(), tags.length());
   }
@@ -140,9 +146,9 @@ torch::Tensor BruteForceTiles(const torch::Tensor& dense, int64_t bs) {
       torch::Tensor tile = dense.slice(0, i * bs, (i + 1) * bs).slice(1, j * bs, (j + 1) * bs);
       const int64_t allowed = tile.sum().item<int64_t>();
       const bool whole = tile.size(0) == bs && tile.size(1) == bs;
-      const TileClass c = allowed == 0                        ? TileClass::kEmpty
+      const TileClass c = allowed == 0                  ? TileClass::kEmpty
                           : whole && allowed == bs * bs ? TileClass::kFull
-                                                              : TileClass::kPartial;
+                                                        : TileClass::kPartial;
       out[i][j] = static_cast<int8_t>(c);
     }
   }
@@ -156,17 +162,23 @@ TEST(BlockMaskTest, ClassesMatchBruteForceOnRandomLayouts) {
   };
   const int64_t block_sizes[] = {8, 16, 32, 64, 128};
   for (int trial = 0; trial < 220; ++trial) {
-    const WindowLayout l{.registers = pick(0, 5), .anchor_h = pick(1, 4), .anchor_w = pick(1, 5),
-                         .text_len = pick(1, 30), .k = pick(1, 4), .f = pick(1, 3),
-                         .h = pick(1, 6), .w = pick(1, 7)};
+    const WindowLayout l{.registers = pick(0, 5),
+                         .anchor_h = pick(1, 4),
+                         .anchor_w = pick(1, 5),
+                         .text_len = pick(1, 30),
+                         .k = pick(1, 4),
+                         .f = pick(1, 3),
+                         .h = pick(1, 6),
+                         .w = pick(1, 7)};
     const int64_t bs = block_sizes[pick(0, 4)];
     const bool decoder = trial % 3 == 2;
-    const MaskKey key = decoder ? DecoderMaskKey(l, pick(1, 2), pick(1, 2), bs)
-                                : EncoderMaskKey(l, bs);
+    const MaskKey key =
+        decoder ? DecoderMaskKey(l, pick(1, 2), pick(1, 2), bs) : EncoderMaskKey(l, bs);
     TokenTags tags = *WindowTags(key.slots, key.chunk_size);
     const int64_t n = tags.length();
     const BlockMask m = *BuildTowerMask(key);
     const torch::Tensor dense = DenseMask(ChunkCausalRule(tags), n, n);
+    ASSERT_EQ(AllowedPairs(ChunkCausalRule(tags), tags, tags), dense.sum().item<int64_t>());
     ASSERT_TRUE(torch::equal(m.TileClasses(), BruteForceTiles(dense, bs))) << key.DebugString();
     // Flex's row layout: present tiles first, ascending.
     for (int64_t i = 0; i < m.num_q_tiles(); ++i) {
@@ -192,8 +204,14 @@ TEST(BlockMaskTest, RaggedLastTileIsPartialEvenWhenAllAllowed) {
 
 TEST(BlockMaskTest, LongSequenceBuildsWithoutTheDenseGrid) {
   // 18260 tokens: the dense grid would be 333 MB of bools.
-  const WindowLayout l{.registers = 4, .anchor_h = 30, .anchor_w = 40, .text_len = 256,
-                       .k = 4, .f = 2, .h = 30, .w = 40};
+  const WindowLayout l{.registers = 4,
+                       .anchor_h = 30,
+                       .anchor_w = 40,
+                       .text_len = 256,
+                       .k = 4,
+                       .f = 2,
+                       .h = 30,
+                       .w = 40};
   BlockMask m = *BuildTowerMask(EncoderMaskKey(l, 128));
   EXPECT_EQ(m.q_len, 4 + 1200 + 256 + 8 * 1200 + 6 * 1200);
   torch::Tensor classes = m.TileClasses();
@@ -209,8 +227,8 @@ TEST(BlockMaskTest, RejectsEmptyGrid) {
 }
 
 TEST(MaskKeyTest, EqualLayoutsShareAKeyAndDifferentOnesDoNot) {
-  const WindowLayout a{.registers = 4, .anchor_h = 2, .anchor_w = 3, .text_len = 5,
-                       .k = 2, .f = 2, .h = 2, .w = 3};
+  const WindowLayout a{
+      .registers = 4, .anchor_h = 2, .anchor_w = 3, .text_len = 5, .k = 2, .f = 2, .h = 2, .w = 3};
   WindowLayout b = a;
   EXPECT_EQ(EncoderMaskKey(a, 64), EncoderMaskKey(b, 64));
   b.text_len = 6;

@@ -1,0 +1,157 @@
+// Backbone benchmarks on configs/bench.json and the bench layout (registers 4, anchor 30x40,
+// text 256, K = 4, F = 2, h x w = 30 x 40), bf16 weights, in one run:
+//  (a) the block-sparse attention executor vs dense-mask SDPA on the encoder's chunk-causal layout;
+//  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s;
+//  (c) the peak resident memory of a step.
+// Run: build/bench/model_bench (PRAXIS_SOURCE_DIR is compiled in to find configs/).
+
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "model/backbone.h"
+#include "model/random_weights.h"
+
+namespace praxis::model {
+namespace {
+
+const WindowLayout kLayout{.registers = 4,
+                           .anchor_h = 30,
+                           .anchor_w = 40,
+                           .text_len = 256,
+                           .k = 4,
+                           .f = 2,
+                           .h = 30,
+                           .w = 40};
+
+BackboneConfig BenchConfig() {
+  auto c = LoadConfig(std::string(PRAXIS_SOURCE_DIR) + "/configs/bench.json");
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+    std::abort();
+  }
+  return *c;
+}
+
+double PeakRssMiB() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+// Useful FLOPs of one step: every matmul, and attention over allowed pairs only.
+double StepFlops(const BackboneConfig& c) {
+  const double dim = c.dim, hd = c.head_dim(), h = c.num_heads, kvh = c.num_kv_heads;
+  auto block = [&](const TowerConfig& t, int64_t i, double tokens, double pairs) {
+    double f = 2 * tokens * dim * (h * hd + 2 * kvh * hd + h + dim) + 4 * hd * h * pairs;
+    if (t.is_moe(i)) {
+      const auto& m = c.moe;
+      f += 2 * tokens * dim * m.num_experts + m.top_k * 6 * tokens * dim * m.expert_dim +
+           6 * tokens * dim * m.shared_dim;
+    } else {
+      f += 6 * tokens * dim * t.ffn_dim;
+    }
+    return f;
+  };
+  const MaskKey enc_key = EncoderMaskKey(kLayout, c.flex_block_size);
+  const MaskKey dec_key = DecoderMaskKey(kLayout, c.ph(), c.pw(), c.flex_block_size);
+  const TokenTags et = *WindowTags(enc_key.slots, enc_key.chunk_size);
+  const TokenTags dt = *WindowTags(dec_key.slots, dec_key.chunk_size);
+  const double enc_pairs = AllowedPairs(ChunkCausalRule(et), et, et);
+  const double dec_pairs = AllowedPairs(ChunkCausalRule(dt), dt, dt);
+  const double video = kLayout.k * kLayout.f * kLayout.h * kLayout.w;  // coarse noised tokens
+  const double fine = video * c.ph() * c.pw();
+  double f = 2 * (kLayout.anchor_h * kLayout.anchor_w + video * (2 * kLayout.k - 1) / kLayout.k) *
+                 c.latent_channels() * dim +
+             2 * kLayout.text_len * (c.text_dim * 4 * dim + 4 * dim * dim) + 2 * video * dim * dim;
+  for (int64_t i = 0; i < c.encoder.depth; ++i) f += block(c.encoder, i, et.length(), enc_pairs);
+  f += 2 * fine * c.decoder.video_in_c_in * dim * 2;  // decoder video_in and video_out
+  for (int64_t i = 0; i < c.decoder.depth; ++i) {
+    f += block(c.decoder, i, dt.length(), dec_pairs) + 2 * video * dim * 2 * dim;
+  }
+  return f;
+}
+
+StepInputs BenchStep(const BackboneConfig& c) {
+  torch::manual_seed(0);
+  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  const int64_t C = c.latent_channels(), kf = kLayout.k * kLayout.f;
+  StepInputs in;
+  in.text = torch::randn({1, kLayout.text_len, c.text_dim}, bf);
+  in.anchor = torch::randn({1, C, 1, kLayout.anchor_h, kLayout.anchor_w}, bf);
+  in.clean = torch::randn({1, C, kf - kLayout.f, kLayout.h, kLayout.w}, bf);
+  in.noised = torch::randn({1, C, kf, kLayout.h, kLayout.w}, bf);
+  in.timesteps = torch::rand({1, kLayout.k});
+  in.frames_per_chunk = kLayout.f;
+  return in;
+}
+
+// Registered first, so that its peak RSS is not inflated by the dense attention below.
+void BM_Step(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const BackboneConfig c = BenchConfig();
+  auto model = *VideoBackbone::Create(c, RandomWeights(c, 0), {});
+  const StepInputs in = BenchStep(c);
+  const double rss_before = PeakRssMiB();
+  if (!model->Forward(in).ok()) state.SkipWithError("forward failed");  // warm: builds masks
+  for (auto _ : state) benchmark::DoNotOptimize(model->Forward(in));
+  const double flops = StepFlops(c);
+  state.counters["useful_GFLOP"] = flops / 1e9;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_rss_MiB"] = PeakRssMiB();
+  state.counters["rss_growth_MiB"] = PeakRssMiB() - rss_before;
+}
+BENCHMARK(BM_Step)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
+
+void BM_MatmulBf16(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const int64_t n = 2048;
+  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  const torch::Tensor a = torch::randn({n, n}, bf), b = torch::randn({n, n}, bf);
+  for (auto _ : state) benchmark::DoNotOptimize(torch::matmul(a, b));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MatmulBf16)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+
+// One attention call of the bench encoder layout (2 heads of 64, bf16): arg 0 sparse, 1 dense.
+void BM_EncoderAttention(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const BackboneConfig c = BenchConfig();
+  const MaskKey key = EncoderMaskKey(kLayout, c.flex_block_size);
+  const TokenTags tags = *WindowTags(key.slots, key.chunk_size);
+  const MaskRule rule = ChunkCausalRule(tags);
+  const int64_t t = tags.length();
+  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  torch::manual_seed(1);
+  const torch::Tensor q = torch::randn({1, c.num_heads, t, c.head_dim()}, bf);
+  const torch::Tensor k = torch::randn({1, c.num_heads, t, c.head_dim()}, bf);
+  const torch::Tensor v = torch::randn({1, c.num_heads, t, c.head_dim()}, bf);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim()));
+  const double flops = 4.0 * c.head_dim() * c.num_heads * AllowedPairs(rule, tags, tags);
+  if (state.range(0) == 0) {
+    const AttentionPlan plan =
+        BuildAttentionPlan(*BuildBlockMask(rule, tags, tags, 128), rule, torch::kCPU);
+    state.counters["groups"] = static_cast<double>(plan.groups.size());
+    for (auto _ : state) benchmark::DoNotOptimize(SparseAttention(q, k, v, plan, scale));
+  } else {
+    const torch::Tensor dense = DenseMask(rule, t, t);
+    for (auto _ : state) benchmark::DoNotOptimize(DenseAttention(q, k, v, dense, scale));
+  }
+  state.counters["useful_GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_EncoderAttention)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace praxis::model
+
+BENCHMARK_MAIN();

@@ -1,0 +1,126 @@
+#include "model/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <map>
+#include <tuple>
+#include <utility>
+
+namespace praxis::model {
+namespace {
+
+// Token indices of the tiles `tiles` of edge `block_size` in a sequence of `length` tokens.
+torch::Tensor TileTokens(const std::vector<int32_t>& tiles, int64_t block_size, int64_t length) {
+  std::vector<torch::Tensor> parts;
+  for (int32_t t : tiles) {
+    parts.push_back(
+        torch::arange(t * block_size, std::min(length, (t + 1) * block_size), torch::kInt64));
+  }
+  return parts.empty() ? torch::empty({0}, torch::kInt64) : torch::cat(parts);
+}
+
+std::vector<int32_t> RowTiles(const torch::Tensor& counts, const torch::Tensor& indices,
+                              int64_t i) {
+  const int32_t n = counts[i].item<int32_t>();
+  const torch::Tensor row = indices[i].slice(0, 0, n).contiguous();
+  return std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + n);
+}
+
+// softmax attention and its row log-sum-exp (float32 [B, H, rows]) with a fused kernel.
+std::pair<torch::Tensor, torch::Tensor> FusedWithLse(const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v, double scale) {
+  if (q.is_cuda()) {
+    auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
+        q, k, v, /*attn_bias=*/{}, /*compute_log_sumexp=*/true, 0.0, false, scale);
+    return {out, lse.slice(2, 0, q.size(2)).to(torch::kFloat32)};
+  }
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, {}, scale);
+  return {out, lse};
+}
+
+// Masked attention over a few partial tiles, in float32, with its row log-sum-exp.
+std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
+                                                      const torch::Tensor& k,
+                                                      const torch::Tensor& v,
+                                                      const torch::Tensor& mask, double scale) {
+  torch::Tensor s = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2));
+  s = (s * scale).masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  const torch::Tensor lse = torch::logsumexp(s, -1);
+  // Rows with no allowed pair have lse = -inf; give them zero weight rather than NaN.
+  const torch::Tensor safe = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
+  const torch::Tensor p = torch::exp(s - safe.unsqueeze(-1));
+  return {torch::matmul(p, v.to(torch::kFloat32)), lse};
+}
+
+}  // namespace
+
+int64_t AttentionPlan::nbytes() const {
+  int64_t n = 0;
+  for (const Group& g : groups) {
+    n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes() +
+         g.partial_mask.nbytes();
+  }
+  return n;
+}
+
+AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule,
+                                 torch::Device device) {
+  using Pattern = std::pair<std::vector<int32_t>, std::vector<int32_t>>;  // (full, partial)
+  std::map<Pattern, std::vector<int32_t>> groups;  // ordered: deterministic plans
+  for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
+    Pattern p{RowTiles(mask.full_kv_num_blocks, mask.full_kv_indices, i),
+              RowTiles(mask.kv_num_blocks, mask.kv_indices, i)};
+    if (p.first.empty() && p.second.empty()) continue;  // attends nothing: output stays zero
+    groups[std::move(p)].push_back(static_cast<int32_t>(i));
+  }
+  AttentionPlan plan;
+  plan.length = mask.q_len;
+  for (const auto& [pattern, q_tiles] : groups) {
+    AttentionPlan::Group g;
+    const torch::Tensor q = TileTokens(q_tiles, mask.block_size, mask.q_len);
+    const torch::Tensor full = TileTokens(pattern.first, mask.block_size, mask.kv_len);
+    const torch::Tensor partial = TileTokens(pattern.second, mask.block_size, mask.kv_len);
+    g.q_index = q.to(device);
+    g.full_kv_index = full.to(device);
+    g.partial_kv_index = partial.to(device);
+    if (partial.numel() > 0) g.partial_mask = rule(q, partial).to(device);
+    plan.groups.push_back(std::move(g));
+  }
+  return plan;
+}
+
+torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionPlan& plan, double scale) {
+  torch::Tensor out = torch::zeros_like(q);
+  for (const AttentionPlan::Group& g : plan.groups) {
+    const torch::Tensor qg = q.index_select(2, g.q_index);
+    torch::Tensor o, lse;
+    if (g.full_kv_index.numel() > 0) {
+      std::tie(o, lse) = FusedWithLse(qg, k.index_select(2, g.full_kv_index),
+                                      v.index_select(2, g.full_kv_index), scale);
+    }
+    if (g.partial_kv_index.numel() > 0) {
+      auto [op, lp] = MaskedWithLse(qg, k.index_select(2, g.partial_kv_index),
+                                    v.index_select(2, g.partial_kv_index), g.partial_mask, scale);
+      if (!o.defined()) {
+        o = op;
+      } else {
+        // Merge the two softmax pieces by their log-sum-exp.
+        const torch::Tensor m = torch::maximum(lse, lp);
+        const torch::Tensor wf = torch::exp(lse - m).unsqueeze(-1);
+        const torch::Tensor wp = torch::exp(lp - m).unsqueeze(-1);
+        o = (o.to(torch::kFloat32) * wf + op * wp) / (wf + wp);
+      }
+    }
+    out.index_copy_(2, g.q_index, o.to(q.scalar_type()));
+  }
+  return out;
+}
+
+torch::Tensor DenseAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& dense_mask, double scale) {
+  return at::scaled_dot_product_attention(q, k, v, dense_mask, 0.0, false, scale);
+}
+
+}  // namespace praxis::model

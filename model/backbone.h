@@ -1,0 +1,109 @@
+#pragma once
+
+// VideoBackbone: encoder tower + decoder tower of one flow-matching denoising step
+// (seed backbone-api-0.5.0, SPEC §2–§5, docs/model.md).
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/mask_cache.h"
+
+namespace praxis::model {
+
+struct BackboneWeights;  // model/towers.h
+using TensorMap = std::unordered_map<std::string, torch::Tensor>;
+
+// How a backbone runs: its device, attention path and mask-cache size.
+struct BackboneOptions {
+  torch::Device device = torch::kCPU;
+  AttentionMode attention = AttentionMode::kSparse;
+  int64_t mask_cache_entries = 64;
+};
+
+// The tensors of one step, batch-first (SPEC §2). `clean` is undefined iff K == 1.
+struct StepInputs {
+  torch::Tensor text;       // [B, L, text_dim]
+  torch::Tensor anchor;     // [B, C, 1, h, w]
+  torch::Tensor clean;      // [B, C, (K-1)·F, h, w] or undefined
+  torch::Tensor noised;     // [B, C, K·F, h, w]
+  torch::Tensor timesteps;  // [B, K] in [0, 1]
+  int64_t frames_per_chunk = 1;
+  bool decode = true;
+  std::array<int64_t, 4> rope_shifts{};  // encoder anchor, encoder text, encoder video, decoder
+};
+
+// (start, length) of a run of the encoder sequence.
+struct Span {
+  int64_t start = 0;
+  int64_t length = 0;
+};
+
+// Encoder outputs that the action expert reads.
+struct EncoderFeatures {
+  std::vector<torch::Tensor> taps;  // one [B, T, dim] per tap block, in tap_blocks order
+  torch::Tensor embeddings;         // block-0 input [B, T, dim]
+  torch::Tensor positions;          // [B, T] int64
+  Span register_span, anchor_span, text_span, noised_span;
+  std::optional<Span> clean_span;  // absent for K == 1
+  int64_t frames_per_chunk = 0;
+  int64_t tokens_per_frame = 0;
+  int64_t n_chunks = 0;
+};
+
+// The result of one step.
+struct BackboneOutput {
+  torch::Tensor velocity;  // [B, C, K·F, h, w]; undefined without decode
+  torch::Tensor cond;      // encoder conditioning [B, K·F, h, w, dim]
+  EncoderFeatures features;
+};
+
+// Checks every shape, dtype and value of `in` against `config`; InvalidArgument naming the field
+// and what was expected. Forward calls it; the server calls it before queueing.
+absl::Status ValidateStep(const BackboneConfig& config, const StepInputs& in);
+
+// The model the server holds. Weights are plain tensors on the device; masks and attention plans
+// come from the owned MaskCache, so a forward over a layout seen before builds nothing.
+// Thread-compatible for Forward: concurrent calls are safe (weights are read-only, the cache is
+// thread-safe), though the server runs one batch at a time per device.
+class VideoBackbone {
+ public:
+  // Takes the validated tensors of a checkpoint (names per docs/model.md) already in their final
+  // dtype; moves them to options.device.
+  static absl::StatusOr<std::unique_ptr<VideoBackbone>> Create(const BackboneConfig& config,
+                                                               const TensorMap& weights,
+                                                               const BackboneOptions& options);
+  ~VideoBackbone();
+
+  // One denoising step. InvalidArgument for inputs that fail ValidateStep; Internal for a LibTorch
+  // failure. No gradients are recorded.
+  absl::StatusOr<BackboneOutput> Forward(const StepInputs& inputs);
+
+  const BackboneConfig& config() const { return config_; }
+  const BackboneOptions& options() const { return options_; }
+  MaskCache& mask_cache() { return mask_cache_; }
+  // The dtype of the parameters (and of the float outputs).
+  torch::ScalarType dtype() const;
+
+ private:
+  VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w);
+  absl::StatusOr<BackboneOutput> ForwardValid(const StepInputs& in);
+  // The cached mask (and attention plan or dense mask) of a tower layout.
+  absl::StatusOr<std::shared_ptr<const TowerMask>> Mask(const MaskKey& key);
+
+  const BackboneConfig config_;
+  const BackboneOptions options_;
+  std::unique_ptr<BackboneWeights> w_;
+  MaskCache mask_cache_;
+};
+
+}  // namespace praxis::model

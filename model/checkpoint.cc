@@ -1,0 +1,302 @@
+#include "model/checkpoint.h"
+
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace praxis::model {
+namespace {
+
+// Appends the specs of one tower, prefix by prefix, in the reference module's registration order.
+class SpecWriter {
+ public:
+  SpecWriter(const BackboneConfig& c, ParamSpecs* out)
+      : c_(c), param_(c.param_dtype()), out_(out) {}
+
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
+  void Param(const std::string& name, std::vector<int64_t> shape) {
+    out_->push_back({prefix_ + name, ParamSpec{std::move(shape), param_}});
+  }
+  void Float32(const std::string& name, std::vector<int64_t> shape) {
+    out_->push_back({prefix_ + name, ParamSpec{std::move(shape), torch::kFloat32}});
+  }
+  // nn.Linear(in, out): weight [out, in], then bias [out].
+  void Linear(const std::string& name, int64_t in, int64_t out, bool bias = true) {
+    Param(name + ".weight", {out, in});
+    if (bias) Param(name + ".bias", {out});
+  }
+
+  void Tower(const TowerConfig& t, bool decoder);
+
+ private:
+  void Block(const TowerConfig& t, int64_t i, bool decoder);
+  void Ffn(const TowerConfig& t, int64_t i, const std::string& b);
+
+  const BackboneConfig& c_;
+  const torch::ScalarType param_;
+  ParamSpecs* out_;
+  std::string prefix_;
+};
+
+void SpecWriter::Tower(const TowerConfig& t, bool decoder) {
+  const int64_t d = c_.dim;
+  Param("registers", {c_.num_registers, d});
+  Float32("t_embedding.freqs", {c_.timestep_dim});
+  Float32("t_embedding.phases", {c_.timestep_dim});
+  Linear("t_proj.VideoTensor", c_.timestep_dim, 2 * d);
+  Linear("input_projections.VideoTensor.proj", t.video_in_c_in, d);
+  if (decoder) {
+    Param("output_projections.VideoTensor.proj.0.weight", {d});
+    Linear("output_projections.VideoTensor.proj.1", d, t.video_out_c_out);
+  } else {
+    const std::string text = "input_projections.TextEncodingTensor.proj.";
+    Linear(text + "0", t.text_in_c_in, 4 * d);
+    Linear(text + "2", 4 * d, d);
+    Param(text + "3.weight", {d});
+    Linear("output_projections.VideoTensor.proj", d, d);
+  }
+  for (int64_t i = 0; i < t.depth; ++i) Block(t, i, decoder);
+}
+
+void SpecWriter::Block(const TowerConfig& t, int64_t i, bool decoder) {
+  const int64_t d = c_.dim, hd = c_.head_dim();
+  const std::string b = absl::StrCat("blocks.", i, ".");
+  Param(b + "norm1.weight", {d});
+  Param(b + "mha.in_proj.q_weight", {c_.num_heads * hd, d});
+  Param(b + "mha.in_proj.k_weight", {c_.num_kv_heads * hd, d});
+  Param(b + "mha.in_proj.v_weight", {c_.num_kv_heads * hd, d});
+  if (c_.qk_norm) {
+    Param(b + "mha.q_norm.weight", {hd});
+    Param(b + "mha.k_norm.weight", {hd});
+  }
+  Linear(b + "mha.gate", d, c_.num_heads);
+  Linear(b + "mha.out_proj", d, d);
+  Param(b + "norm2.weight", {d});
+  Ffn(t, i, b + "ffn.");
+  if (decoder) Linear(b + "modulation", d, 2 * d);
+}
+
+void SpecWriter::Ffn(const TowerConfig& t, int64_t i, const std::string& f) {
+  const int64_t d = c_.dim;
+  if (!t.is_moe(i)) {
+    Param(f + "0.linear.a_weight", {t.ffn_dim, d});
+    Param(f + "0.linear.b_weight", {t.ffn_dim, d});
+    Param(f + "1.weight", {d, t.ffn_dim});
+    return;
+  }
+  const MoeConfig& m = c_.moe;
+  Float32(f + "expert_bias", {m.num_experts});  // a module's own buffer precedes its children
+  Param(f + "router.weight", {m.num_experts, d});
+  Param(f + "routed.gate_up_weight", {m.num_experts, d, 2 * m.expert_dim});
+  Param(f + "routed.down_weight", {m.num_experts, m.expert_dim, d});
+  Param(f + "shared.gate_up", {d, 2 * m.shared_dim});
+  Param(f + "shared.down", {m.shared_dim, d});
+}
+
+std::string DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kFloat16:
+      return "float16";
+    default:
+      return c10::toString(t);
+  }
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+// The shard file names of an index's weight_map, checked to be plain names inside the directory.
+absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
+  PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": missing 'weight_map' object"));
+  }
+  std::map<std::string, std::string> shard_of;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().empty() ||
+        absl::StrContains(file.get<std::string>(), "/") || file.get<std::string>() == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": weight_map['", name, "'] must be a file name in the checkpoint directory"));
+    }
+    shard_of[name] = file.get<std::string>();
+  }
+  return shard_of;
+}
+
+// The opened files of `dir` and, for every tensor name, the file that holds it.
+struct OpenedFiles {
+  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> file_of;
+};
+
+absl::Status AddFile(std::shared_ptr<const SafetensorsFile> file, OpenedFiles* out) {
+  for (const std::string& name : file->names()) {
+    auto [it, inserted] = out->file_of.emplace(name, file.get());
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is in both ",
+                                                     it->second->path(), " and ", file->path()));
+    }
+  }
+  out->files.push_back(std::move(file));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir) {
+  const std::string index = JoinPath(dir, "model.safetensors.index.json");
+  const std::string single = JoinPath(dir, "model.safetensors");
+  OpenedFiles out;
+  if (!PathExists(index)) {
+    if (!PathExists(single)) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": neither model.safetensors ",
+                                              "nor model.safetensors.index.json"));
+    }
+    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
+                            SafetensorsFile::Open(single));
+    PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
+    return out;
+  }
+  PRAXIS_ASSIGN_OR_RETURN(auto shard_of, ReadIndex(index));
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : shard_of) shards.insert(shard);
+  for (const std::string& shard : shards) {
+    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
+                            SafetensorsFile::Open(JoinPath(dir, shard)));
+    PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
+  }
+  for (const auto& [name, shard] : shard_of) {
+    auto it = out.file_of.find(name);
+    if (it == out.file_of.end() || Basename(it->second->path()) != shard) {
+      return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map puts tensor '", name,
+                                                     "' in ", shard, ", which does not hold it"));
+    }
+  }
+  return out;
+}
+
+// The strict name, shape and dtype checks, on the headers alone, in the reference's order.
+absl::Status CheckTensors(const BackboneConfig& config, const ParamSpecs& expected,
+                          const OpenedFiles& files) {
+  std::set<std::string> known;
+  for (const auto& [name, spec] : expected) known.insert(name);
+  for (const auto& [name, file] : files.file_of) {  // sorted by name
+    if (absl::StartsWith(name, kBackbonePrefix) && !known.count(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected tensor '", name, "' (in ", file->path(), ")"));
+    }
+  }
+  for (const auto& [name, spec] : expected) {
+    auto it = files.file_of.find(name);
+    if (it == files.file_of.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+    }
+    const TensorInfo& got = *it->second->info(name);
+    if (got.shape != spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ",
+                                                     ShapeString(got.shape), ", expected ",
+                                                     ShapeString(spec.shape)));
+    }
+    if (got.dtype != spec.dtype) {
+      const std::string why = IsFloat32Parameter(name)
+                                  ? "always float32"
+                                  : absl::StrCat("config.json dtype is ", config.dtype);
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has dtype ",
+                                                     DtypeName(got.dtype), ", expected ",
+                                                     DtypeName(spec.dtype), " (", why, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Logs, once, how many names outside `backbone.` were skipped and the first one's prefix.
+void LogIgnored(const std::string& dir, const std::vector<std::string>& ignored) {
+  if (ignored.empty()) return;
+  const std::string& first = ignored.front();
+  const size_t dot = first.find('.');
+  const std::string prefix = dot == std::string::npos ? first : first.substr(0, dot + 1);
+  std::fprintf(stderr, "praxis: checkpoint %s: ignored %zu tensors outside '%s' (first: '%s')\n",
+               dir.c_str(), ignored.size(), kBackbonePrefix, prefix.c_str());
+}
+
+// Views of the expected tensors, converted (dtype, device) where options ask for it.
+absl::StatusOr<std::unordered_map<std::string, torch::Tensor>> Materialize(
+    const ParamSpecs& expected, const OpenedFiles& files, const CheckpointOptions& options) {
+  std::unordered_map<std::string, torch::Tensor> out;
+  out.reserve(expected.size());
+  for (const auto& [name, spec] : expected) {
+    PRAXIS_ASSIGN_OR_RETURN(torch::Tensor t, files.file_of.at(name)->Get(name));
+    const torch::ScalarType want =
+        IsFloat32Parameter(name) ? torch::kFloat32 : options.dtype.value_or(spec.dtype);
+    if (want != t.scalar_type() || options.device != t.device()) t = t.to(options.device, want);
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions& options) {
+  if (options.dtype.has_value() && *options.dtype != torch::kFloat32 &&
+      *options.dtype != torch::kBFloat16 && *options.dtype != torch::kFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CheckpointOptions.dtype must be float32, bfloat16 or float16, got ",
+                     DtypeName(*options.dtype)));
+  }
+  Checkpoint ckpt;
+  PRAXIS_ASSIGN_OR_RETURN(ckpt.config, LoadConfig(JoinPath(dir, "config.json")));
+  PRAXIS_ASSIGN_OR_RETURN(OpenedFiles files, OpenFiles(dir));
+  const ParamSpecs expected = ExpectedParameters(ckpt.config);
+  absl::Status checked = CheckTensors(ckpt.config, expected, files);
+  if (!checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir, ": ", checked.message()));
+  }
+  for (const auto& [name, file] : files.file_of) {
+    if (!absl::StartsWith(name, kBackbonePrefix)) ckpt.ignored.push_back(name);
+  }
+  LogIgnored(dir, ckpt.ignored);
+  PRAXIS_ASSIGN_OR_RETURN(ckpt.tensors, Materialize(expected, files, options));
+  if (options.dtype.has_value()) ckpt.config.dtype = DtypeName(*options.dtype);
+  if (options.device.is_cpu()) ckpt.files = std::move(files.files);
+  return ckpt;
+}
+
+}  // namespace
+
+ParamSpecs ExpectedParameters(const BackboneConfig& config) {
+  ParamSpecs out;
+  SpecWriter w(config, &out);
+  w.set_prefix(absl::StrCat(kBackbonePrefix, "encoder."));
+  w.Tower(config.encoder, /*decoder=*/false);
+  w.set_prefix(absl::StrCat(kBackbonePrefix, "decoder."));
+  w.Tower(config.decoder, /*decoder=*/true);
+  return out;
+}
+
+bool IsFloat32Parameter(const std::string& name) {
+  return absl::EndsWith(name, "t_embedding.freqs") || absl::EndsWith(name, "t_embedding.phases") ||
+         absl::EndsWith(name, "expert_bias");
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir,
+                                          const CheckpointOptions& options) {
+  try {
+    return Load(dir, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what()));
+  }
+}
+
+}  // namespace praxis::model

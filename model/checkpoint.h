@@ -1,0 +1,76 @@
+#pragma once
+
+// A checkpoint directory: config.json plus model.safetensors, or model.safetensors.index.json and
+// its shards. The parameter names, shapes and dtypes are those of docs/model.md.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace praxis::model {
+
+// Every checkpoint name starts with this.
+inline constexpr char kBackbonePrefix[] = "backbone.";
+
+// What one checkpoint tensor must be.
+struct ParamSpec {
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+
+// Checkpoint name to spec, in the order of the reference module's state_dict (tower by tower,
+// module by module), which is also the order in which LoadCheckpoint reports the first mismatch.
+using ParamSpecs = std::vector<std::pair<std::string, ParamSpec>>;
+
+// Exactly the tensors of docs/model.md's table for `config`: prefixed `backbone.encoder.` /
+// `backbone.decoder.`, qk norm weights only with qk_norm, dtype config.param_dtype() except the
+// always-float32 rows (t_embedding.freqs/phases, expert_bias). `config` must be valid.
+ParamSpecs ExpectedParameters(const BackboneConfig& config);
+
+// Whether checkpoint tensor `name` is one of the always-float32 rows.
+bool IsFloat32Parameter(const std::string& name);
+
+struct CheckpointOptions {
+  // Convert the floating parameters (all but the always-float32 rows) to this dtype at load;
+  // float32, bfloat16 or float16. Unset: keep the checkpoint's (config.json's `dtype`).
+  std::optional<torch::ScalarType> dtype;
+  // Where the tensors go. On the CPU without conversion they stay zero-copy views of the mapping.
+  torch::Device device = torch::kCPU;
+};
+
+// A loaded and validated checkpoint.
+struct Checkpoint {
+  // The backbone section; `dtype` names the tensors' dtype as loaded (options.dtype if given).
+  BackboneConfig config;
+  // Every name of ExpectedParameters(config), with that shape and dtype, on options.device.
+  std::unordered_map<std::string, torch::Tensor> tensors;
+  // Names outside `backbone.`, skipped, sorted.
+  std::vector<std::string> ignored;
+  // The mapped files, held while tensors may be views of them (options.device is the CPU);
+  // empty otherwise. Tensors keep their mapping alive on their own; this is for IsViewOf checks.
+  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+};
+
+// Reads `dir`/config.json, then `dir`/model.safetensors.index.json (`weight_map`: name -> shard
+// file in `dir`) and its shards if the index exists, else `dir`/model.safetensors. Strict, in the
+// order of the reference loader: an unexpected tensor under `backbone.` (first by name), then in
+// ExpectedParameters order a missing tensor, a wrong shape, or a wrong dtype (a floating parameter
+// must have config.json's `dtype`) is InvalidArgument naming the tensor. Names outside `backbone.`
+// are ignored and counted in one line on stderr. Config and safetensors errors pass through
+// (naming the file); NotFound when there is neither a single file nor an index. Tensors are
+// converted (dtype, device) once, here; a LibTorch failure doing so is Internal.
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir,
+                                          const CheckpointOptions& options = {});
+
+}  // namespace praxis::model

@@ -1,0 +1,78 @@
+#pragma once
+
+// The `backbone` section of a checkpoint's config.json (docs/model.md), as typed structs.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace praxis::model {
+
+// The routed and shared experts of the MoE blocks.
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_dim = 0;
+  int64_t shared_dim = 0;
+};
+
+// One tower's stack and projections. Block indices are 0-based positions in the stack.
+struct TowerConfig {
+  int64_t depth = 0;
+  int64_t ffn_dim = 0;
+  std::vector<int64_t> moe_blocks;
+  std::vector<int64_t> tap_blocks;      // encoder only
+  int64_t video_in_c_in = 0;            // video_in.c_in
+  int64_t text_in_c_in = 0;             // encoder only: text_in.c_in
+  std::vector<int64_t> unpatch_factor;  // decoder only: (t, ph, pw), t == 1
+  int64_t video_out_c_out = 0;          // decoder only: video_out.c_out
+
+  bool is_moe(int64_t block) const;
+};
+
+// The whole backbone; every (assumed) choice of SPEC is a field here, with the default of SPEC.
+struct BackboneConfig {
+  int64_t dim = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t timestep_dim = 0;
+  int64_t num_registers = 0;
+  int64_t text_dim = 0;
+  std::string dtype = "float32";  // parameter dtype of the checkpoint
+  MoeConfig moe;
+  TowerConfig encoder;
+  TowerConfig decoder;
+  double rope_theta = 10000.0;
+  bool qk_norm = true;
+  double norm_eps = 1e-6;
+  std::string gelu_approximate = "tanh";  // "tanh" | "none"
+  double routed_scale = 1.0;
+  int64_t text_position_offset = 1;
+  int64_t decoder_frame_block_offset = 2;
+  double clean_timestep = 0.0;
+  std::string modulation_dtype = "float32";
+  int64_t flex_block_size = 128;  // attention.flex_block_size
+
+  int64_t head_dim() const { return dim / num_heads; }
+  int64_t ph() const { return decoder.unpatch_factor[1]; }
+  int64_t pw() const { return decoder.unpatch_factor[2]; }
+  // C: latent channels as the encoder sees them (patched).
+  int64_t latent_channels() const { return encoder.video_in_c_in; }
+  torch::ScalarType param_dtype() const;
+};
+
+// Parses the JSON text of a config.json. InvalidArgument naming the key for a missing `backbone`
+// section, an unknown or missing key, a wrong type, or inconsistent values.
+absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text);
+
+// Reads and parses `path` (a config.json, or a directory holding one).
+absl::StatusOr<BackboneConfig> LoadConfig(const std::string& path);
+
+// "float32" | "bfloat16" | "float16" to the torch dtype; InvalidArgument otherwise.
+absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name);
+
+}  // namespace praxis::model

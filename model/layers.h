@@ -1,0 +1,72 @@
+#pragma once
+
+// The stateless layers of the backbone (SPEC §5, docs/model.md): each is a function of its inputs
+// and weights, so the towers hold plain tensors and the functions can be tested alone.
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace praxis::model {
+
+inline constexpr int64_t kFrameStride = 129600;
+inline constexpr int64_t kRowStride = 360;
+
+// y = x·Wᵀ + b in the weight's dtype (x is cast to it); `b` may be undefined.
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
+
+// Zero-centred RMS norm: x·rsqrt(mean(x²) + eps)·(1 + weight) in float32, returned in x's dtype.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// x·scale + shift computed in `dtype`, returned in x's dtype.
+torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
+                       const torch::Tensor& scale, torch::ScalarType dtype);
+
+// Fourier features of flow times t [...]: 0.5·cos(2π(t·freqs + phases)), float32 [..., d].
+torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs,
+                              const torch::Tensor& phases);
+
+// [B, C, F, h, w] latents to [B, F·h·w, C] tokens in frame-major order.
+torch::Tensor VideoTokens(const torch::Tensor& x);
+
+// [B, C·ph·pw, F, h, w] to [B, C, F, h·ph, w·pw] (fine pixel (row·ph + i, col·pw + j)).
+torch::Tensor Unpatch(const torch::Tensor& x, int64_t ph, int64_t pw);
+
+// The exact inverse of Unpatch.
+torch::Tensor Patchify(const torch::Tensor& x, int64_t ph, int64_t pw);
+
+// start + f·kFrameStride + 1 + r·kRowStride + c for each token, frame-major, int64.
+torch::Tensor VideoPositions(int64_t frames, int64_t h, int64_t w, int64_t start);
+
+// Rotary tables of one layout: float32 [T, head_dim] (rotate-half layout), on the model's device.
+struct RopeTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+
+// Angles are computed in float64 from the int64 positions (they reach ~10^7), then stored float32.
+RopeTables MakeRopeTables(const torch::Tensor& positions, int64_t head_dim, double theta,
+                          torch::Device device);
+
+// x·cos + rotate_half(x)·sin for x [B, T, heads, hd], in float32, returned in x's dtype.
+torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
+
+// Dense SwiGLU: down(silu(x·Waᵀ)·(x·Wbᵀ)), no biases.
+torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                     const torch::Tensor& down);
+
+// Weights of one MoE feed-forward block.
+struct MoeWeights {
+  torch::Tensor router;          // [E, dim]
+  torch::Tensor expert_bias;     // [E] float32
+  torch::Tensor gate_up;         // [E, dim, 2·expert_dim]
+  torch::Tensor down;            // [E, expert_dim, dim]
+  torch::Tensor shared_gate_up;  // [dim, 2·shared_dim]
+  torch::Tensor shared_down;     // [shared_dim, dim]
+};
+
+// Sigmoid-routed top-k experts plus the shared expert, with no capacity limit: a token's output
+// never depends on its batch mates. Tokens are sorted by expert so each expert runs one matmul.
+torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale);
+
+}  // namespace praxis::model

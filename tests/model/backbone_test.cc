@@ -1,0 +1,235 @@
+// The C++ backbone against the PyTorch reference's golden files, plus properties the reference
+// cannot check for us: sparse == dense, chunk causality, batch invariance, mask reuse.
+
+#include "model/backbone.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+
+namespace praxis::model {
+namespace {
+
+// The tiny checkpoint and goldens written by tests/reference/make_tiny.py (a CTest fixture).
+std::string TinyDir() {
+  const char* dir = std::getenv("PRAXIS_TINY_DIR");
+  return dir ? dir : "";
+}
+
+std::unique_ptr<VideoBackbone> LoadTiny(AttentionMode mode) {
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(TinyDir() + "/model", CheckpointOptions{});
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status() << " (PRAXIS_TINY_DIR=" << TinyDir() << ")";
+  if (!ckpt.ok()) return nullptr;
+  auto model = VideoBackbone::Create(ckpt->config, ckpt->tensors, {.attention = mode});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+struct Golden {
+  StepInputs inputs;
+  std::unique_ptr<SafetensorsFile> outputs;
+};
+
+Golden ReadGolden(const std::string& name) {
+  const std::string base = TinyDir() + "/goldens/case_" + name;
+  auto in = SafetensorsFile::Open(base + ".inputs.safetensors");
+  auto out = SafetensorsFile::Open(base + ".outputs.safetensors");
+  EXPECT_TRUE(in.ok() && out.ok()) << base;
+  Golden g;
+  if (!in.ok() || !out.ok()) return g;
+  auto get = [&](const char* n) { return (*in)->Get(n).value_or(torch::Tensor()); };
+  g.inputs.text = get("text");
+  g.inputs.anchor = get("anchor");
+  g.inputs.clean = get("clean");
+  g.inputs.noised = get("noised");
+  g.inputs.timesteps = get("timesteps");
+  const torch::Tensor shifts = get("rope_shifts");
+  for (int i = 0; i < 4; ++i) g.inputs.rope_shifts[i] = shifts[i].item<int64_t>();
+  g.inputs.frames_per_chunk = get("frames_per_chunk")[0].item<int64_t>();
+  g.inputs.decode = get("decode")[0].item<int64_t>() != 0;
+  g.outputs = *std::move(out);
+  return g;
+}
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  if (a.sizes() != b.sizes()) return 1e9;
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+class GoldenParityTest : public ::testing::TestWithParam<std::tuple<std::string, AttentionMode>> {};
+
+TEST_P(GoldenParityTest, MatchesReferenceWithin1e4) {
+  const auto& [name, mode] = GetParam();
+  auto model = LoadTiny(mode);
+  ASSERT_NE(model, nullptr);
+  Golden g = ReadGolden(name);
+  ASSERT_NE(g.outputs, nullptr);
+  absl::StatusOr<BackboneOutput> out = model->Forward(g.inputs);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto want = [&](const std::string& n) { return *g.outputs->Get(n); };
+  EXPECT_LE(MaxAbsDiff(out->cond, want("cond")), 1e-4);
+  EXPECT_LE(MaxAbsDiff(out->features.embeddings, want("embeddings")), 1e-4);
+  ASSERT_EQ(out->features.taps.size(), 2u);
+  for (size_t i = 0; i < out->features.taps.size(); ++i) {
+    EXPECT_LE(MaxAbsDiff(out->features.taps[i], want("tap." + std::to_string(i))), 1e-4) << i;
+  }
+  EXPECT_TRUE(torch::equal(out->features.positions, want("positions")));
+  if (g.inputs.decode) {
+    EXPECT_LE(MaxAbsDiff(out->velocity, want("velocity")), 1e-4);
+  } else {
+    EXPECT_FALSE(out->velocity.defined());
+    EXPECT_FALSE(g.outputs->Get("velocity").ok());
+  }
+  EXPECT_EQ(out->features.clean_span.has_value(), g.inputs.clean.defined());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenParityTest,
+                         ::testing::Combine(::testing::Values("k1", "k3", "no_decode",
+                                                              "rope_shifts", "batch2", "ragged"),
+                                            ::testing::Values(AttentionMode::kSparse,
+                                                              AttentionMode::kDense)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == AttentionMode::kSparse ? "_sparse"
+                                                                                     : "_dense");
+                         });
+
+// Random step inputs for the tiny model (C = 16, text_dim 48).
+StepInputs RandomStep(int64_t b, int64_t k, int64_t f, int64_t h, int64_t w, int64_t text_len,
+                      uint64_t seed) {
+  torch::manual_seed(seed);
+  StepInputs in;
+  in.text = torch::randn({b, text_len, 48});
+  in.anchor = torch::randn({b, 16, 1, h, w});
+  if (k > 1) in.clean = torch::randn({b, 16, (k - 1) * f, h, w});
+  in.noised = torch::randn({b, 16, k * f, h, w});
+  in.timesteps = torch::rand({b, k});
+  in.frames_per_chunk = f;
+  return in;
+}
+
+TEST(BackboneTest, SparseExecutorEqualsDensePathOnRandomLayouts) {
+  auto sparse = LoadTiny(AttentionMode::kSparse);
+  auto dense = LoadTiny(AttentionMode::kDense);
+  ASSERT_TRUE(sparse && dense);
+  const int64_t layouts[][5] = {
+      {1, 1, 3, 5, 4}, {3, 2, 4, 6, 9}, {4, 1, 5, 3, 17}, {2, 3, 2, 7, 1}};
+  for (const auto& l : layouts) {
+    StepInputs in = RandomStep(2, l[0], l[1], l[2], l[3], l[4], 7);
+    in.rope_shifts = {3, 1, 4, 1};
+    auto a = sparse->Forward(in);
+    auto b = dense->Forward(in);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_LE(MaxAbsDiff(a->velocity, b->velocity), 1e-5);
+    EXPECT_LE(MaxAbsDiff(a->cond, b->cond), 1e-5);
+    for (size_t i = 0; i < a->features.taps.size(); ++i) {
+      EXPECT_LE(MaxAbsDiff(a->features.taps[i], b->features.taps[i]), 1e-5);
+    }
+  }
+}
+
+// Velocity of chunk j (F frames) of a [B, C, K·F, h, w] tensor.
+torch::Tensor Chunk(const torch::Tensor& v, int64_t j, int64_t f) { return v.narrow(2, j * f, f); }
+
+TEST(BackboneTest, ChunkCausalityThroughTheWholeBackbone) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  const int64_t k = 3, f = 2;
+  const StepInputs base = RandomStep(1, k, f, 4, 5, 6, 11);
+  const torch::Tensor v0 = model->Forward(base)->velocity;
+  for (int64_t j = 0; j < k; ++j) {
+    StepInputs in = base;
+    in.noised = base.noised.clone();
+    Chunk(in.noised, j, f).add_(1.0);
+    const torch::Tensor v = model->Forward(in)->velocity;
+    for (int64_t i = 0; i < k; ++i) {
+      const bool changed = !torch::equal(Chunk(v, i, f), Chunk(v0, i, f));
+      EXPECT_EQ(changed, i == j) << "noised chunk " << j << " vs velocity chunk " << i;
+    }
+  }
+  for (int64_t j = 0; j < k - 1; ++j) {
+    StepInputs in = base;
+    in.clean = base.clean.clone();
+    Chunk(in.clean, j, f).add_(1.0);
+    const torch::Tensor v = model->Forward(in)->velocity;
+    for (int64_t i = 0; i <= j; ++i) {
+      EXPECT_TRUE(torch::equal(Chunk(v, i, f), Chunk(v0, i, f))) << "clean " << j << " chunk " << i;
+    }
+    EXPECT_FALSE(torch::equal(Chunk(v, j + 1, f), Chunk(v0, j + 1, f))) << "clean " << j;
+  }
+  StepInputs in = base;
+  in.text = base.text + 1.0;
+  const torch::Tensor v = model->Forward(in)->velocity;
+  for (int64_t i = 0; i < k; ++i) EXPECT_FALSE(torch::equal(Chunk(v, i, f), Chunk(v0, i, f)));
+}
+
+TEST(BackboneTest, RowOfABatchEqualsTheSameInputRunAlone) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  const StepInputs batch = RandomStep(4, 2, 2, 3, 4, 5, 3);
+  auto all = model->Forward(batch);
+  ASSERT_TRUE(all.ok());
+  for (int64_t i = 0; i < 4; ++i) {
+    StepInputs one = batch;
+    for (torch::Tensor* t : {&one.text, &one.anchor, &one.clean, &one.noised, &one.timesteps}) {
+      *t = t->narrow(0, i, 1);
+    }
+    auto solo = model->Forward(one);
+    ASSERT_TRUE(solo.ok());
+    EXPECT_LE(MaxAbsDiff(all->velocity.narrow(0, i, 1), solo->velocity), 1e-5) << i;
+    EXPECT_LE(MaxAbsDiff(all->features.taps[1].narrow(0, i, 1), solo->features.taps[1]), 1e-5);
+  }
+}
+
+TEST(BackboneTest, ALayoutSeenBeforeBuildsNoMask) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->Forward(RandomStep(1, 2, 1, 3, 3, 4, 1)).ok());
+  const MaskCacheStats first = model->mask_cache().stats();
+  EXPECT_EQ(first.misses, 2) << "one encoder and one decoder mask";
+  ASSERT_TRUE(model->Forward(RandomStep(2, 2, 1, 3, 3, 4, 2)).ok());
+  EXPECT_EQ(model->mask_cache().stats().misses, 2);
+  EXPECT_EQ(model->mask_cache().stats().hits, first.hits + 2);
+}
+
+TEST(BackboneTest, InvalidInputsNameTheField) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  auto expect_error = [&](StepInputs in, const std::string& field) {
+    auto out = model->Forward(in);
+    ASSERT_FALSE(out.ok()) << field;
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(out.status().message().substr(0, field.size()), field) << out.status();
+  };
+  const StepInputs good = RandomStep(1, 2, 1, 3, 3, 4, 1);
+  StepInputs in = good;
+  in.clean = torch::Tensor();
+  expect_error(in, "clean");
+  in = good;
+  in.timesteps = good.timesteps + 2.0;
+  expect_error(in, "timesteps");
+  in = good;
+  in.text = torch::randn({1, 4, 47});
+  expect_error(in, "text");
+  in = good;
+  in.noised = torch::randn({1, 16, 2, 360, 3});
+  expect_error(in, "noised");
+  in = good;
+  in.frames_per_chunk = 3;
+  expect_error(in, "frames_per_chunk");
+  in = good;
+  in.rope_shifts[3] = -1;
+  expect_error(in, "rope_shifts[3]");
+  in = good;
+  in.anchor = good.anchor.clone();
+  in.anchor[0][0][0][0][0] = std::nan("");
+  expect_error(in, "anchor");
+}
+
+}  // namespace
+}  // namespace praxis::model

@@ -1,0 +1,141 @@
+// praxis-forward: runs one backbone step outside the server, from and to safetensors files, so
+// that any served step can be reproduced (and compared with the PyTorch reference).
+
+#include <torch/torch.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "model/backbone.h"
+#include "model/checkpoint.h"
+#include "model/random_weights.h"
+#include "model/safetensors.h"
+
+ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
+ABSL_FLAG(std::string, config, "",
+          "config.json; with --checkpoint it must describe the same model, without it the model "
+          "gets deterministic random weights (--seed)");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights when no --checkpoint is given");
+ABSL_FLAG(std::string, inputs, "", "safetensors with text, anchor, [clean], noised, timesteps");
+ABSL_FLAG(std::string, out, "",
+          "safetensors to write: velocity, cond, tap.N, embeddings, positions");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
+ABSL_FLAG(std::string, dtype, "",
+          "parameter dtype to convert to at load (default: the checkpoint's)");
+ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
+ABSL_FLAG(std::string, rope_shifts, "0,0,0,0",
+          "encoder anchor, encoder text, encoder video, decoder");
+ABSL_FLAG(int64_t, frames_per_chunk, 0,
+          "latent frames per chunk (default: the inputs' frames_per_chunk tensor)");
+ABSL_FLAG(bool, decode, true, "run the decoder tower");
+ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
+
+namespace praxis::model {
+namespace {
+
+absl::StatusOr<std::unique_ptr<VideoBackbone>> LoadModel(const BackboneOptions& options,
+                                                         const std::string& dtype) {
+  CheckpointOptions ckpt_options;
+  ckpt_options.device = options.device;
+  if (!dtype.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(ckpt_options.dtype, ParseDtype(dtype));
+  }
+  const std::string dir = absl::GetFlag(FLAGS_checkpoint);
+  if (!dir.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir, ckpt_options));
+    return VideoBackbone::Create(ckpt.config, ckpt.tensors, options);
+  }
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    return absl::InvalidArgumentError("give --checkpoint or --config");
+  }
+  PRAXIS_ASSIGN_OR_RETURN(BackboneConfig config, LoadConfig(absl::GetFlag(FLAGS_config)));
+  if (!dtype.empty()) config.dtype = dtype;  // random weights are drawn in the wanted dtype
+  return VideoBackbone::Create(config, RandomWeights(config, absl::GetFlag(FLAGS_seed)), options);
+}
+
+absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
+  PRAXIS_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+  StepInputs in;
+  auto get = [&](const char* name) { return file->Get(name).value_or(torch::Tensor()); };
+  in.text = get("text");
+  in.anchor = get("anchor");
+  in.clean = get("clean");
+  in.noised = get("noised");
+  in.timesteps = get("timesteps");
+  in.frames_per_chunk = absl::GetFlag(FLAGS_frames_per_chunk);
+  if (in.frames_per_chunk == 0) {
+    const torch::Tensor f = get("frames_per_chunk");
+    if (!f.defined() || f.numel() != 1) {
+      return absl::InvalidArgumentError(
+          "frames_per_chunk: give --frames_per_chunk or a one-element tensor in the inputs");
+    }
+    in.frames_per_chunk = f.item<int64_t>();
+  }
+  std::vector<std::string> parts = absl::StrSplit(absl::GetFlag(FLAGS_rope_shifts), ',');
+  if (parts.size() != 4) return absl::InvalidArgumentError("--rope_shifts: expected 4 integers");
+  for (int i = 0; i < 4; ++i) {
+    if (!absl::SimpleAtoi(parts[i], &in.rope_shifts[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rope_shifts: '", parts[i], "' is not an integer"));
+    }
+  }
+  in.decode = absl::GetFlag(FLAGS_decode);
+  return in;
+}
+
+absl::Status Run() {
+  BackboneOptions options;
+  try {
+    options.device = torch::Device(absl::GetFlag(FLAGS_device));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", e.what()));
+  }
+  const std::string attention = absl::GetFlag(FLAGS_attention);
+  if (attention != "sparse" && attention != "dense") {
+    return absl::InvalidArgumentError("--attention: expected sparse or dense");
+  }
+  options.attention = attention == "sparse" ? AttentionMode::kSparse : AttentionMode::kDense;
+  torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  PRAXIS_ASSIGN_OR_RETURN(auto model, LoadModel(options, absl::GetFlag(FLAGS_dtype)));
+  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadInputs(absl::GetFlag(FLAGS_inputs)));
+  PRAXIS_ASSIGN_OR_RETURN(BackboneOutput out, model->Forward(in));
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  if (out.velocity.defined()) tensors.emplace_back("velocity", out.velocity);
+  tensors.emplace_back("cond", out.cond);
+  for (size_t i = 0; i < out.features.taps.size(); ++i) {
+    tensors.emplace_back(absl::StrCat("tap.", i), out.features.taps[i]);
+  }
+  tensors.emplace_back("embeddings", out.features.embeddings);
+  tensors.emplace_back("positions", out.features.positions);
+  for (auto& [name, t] : tensors) t = t.to(torch::kCPU).contiguous();
+  const auto& f = out.features;
+  std::map<std::string, std::string> metadata = {
+      {"noised_span", absl::StrCat(f.noised_span.start, ",", f.noised_span.length)},
+      {"frames_per_chunk", absl::StrCat(f.frames_per_chunk)},
+      {"tokens_per_frame", absl::StrCat(f.tokens_per_frame)},
+      {"n_chunks", absl::StrCat(f.n_chunks)}};
+  return WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata);
+}
+
+}  // namespace
+}  // namespace praxis::model
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "praxis-forward --checkpoint DIR --inputs in.safetensors --out out.safetensors");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = praxis::model::Run();
+  if (!status.ok()) {
+    std::cerr << "praxis-forward: " << status << "\n";
+    return 2;
+  }
+  return 0;
+}
