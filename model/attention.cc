@@ -39,15 +39,22 @@ std::pair<torch::Tensor, torch::Tensor> FusedWithLse(const torch::Tensor& q, con
   return {out, lse};
 }
 
-// Masked attention over a few partial tiles, in float32, with its row log-sum-exp.
+// Masked attention over the partial tiles, with its row log-sum-exp (-inf where a row has no
+// allowed pair). On the CPU it runs the fused kernel with the additive mask; elsewhere in float32.
 std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
                                                       const torch::Tensor& k,
                                                       const torch::Tensor& v,
-                                                      const torch::Tensor& mask, double scale) {
+                                                      const AttentionPlan::Group& g, double scale) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (!q.is_cuda() && g.partial_bias.scalar_type() == q.scalar_type()) {
+    auto [out, lse] =
+        at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, g.partial_bias, scale);
+    // The kernel reports lse 0 (and output 0) for a fully masked row; give it no weight.
+    return {out, lse.masked_fill(g.partial_row_any.logical_not(), -inf)};
+  }
   torch::Tensor s = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2));
-  s = (s * scale).masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  s = (s * scale).masked_fill(g.partial_mask.logical_not(), -inf);
   const torch::Tensor lse = torch::logsumexp(s, -1);
-  // Rows with no allowed pair have lse = -inf; give them zero weight rather than NaN.
   const torch::Tensor safe = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
   const torch::Tensor p = torch::exp(s - safe.unsqueeze(-1));
   return {torch::matmul(p, v.to(torch::kFloat32)), lse};
@@ -58,14 +65,16 @@ std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
 int64_t AttentionPlan::nbytes() const {
   int64_t n = 0;
   for (const Group& g : groups) {
-    n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes() +
-         g.partial_mask.nbytes();
+    n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes();
+    if (g.partial_mask.defined()) {
+      n += g.partial_mask.nbytes() + g.partial_bias.nbytes() + g.partial_row_any.nbytes();
+    }
   }
   return n;
 }
 
-AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule,
-                                 torch::Device device) {
+AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
+                                 torch::ScalarType dtype) {
   using Pattern = std::pair<std::vector<int32_t>, std::vector<int32_t>>;  // (full, partial)
   std::map<Pattern, std::vector<int32_t>> groups;  // ordered: deterministic plans
   for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
@@ -84,7 +93,15 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule,
     g.q_index = q.to(device);
     g.full_kv_index = full.to(device);
     g.partial_kv_index = partial.to(device);
-    if (partial.numel() > 0) g.partial_mask = rule(q, partial).to(device);
+    if (partial.numel() > 0) {
+      const torch::Tensor allowed = rule(q, partial);
+      g.partial_mask = allowed.to(device);
+      g.partial_row_any = allowed.any(1).to(device);
+      g.partial_bias =
+          torch::zeros(allowed.sizes(), torch::kFloat32)
+              .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
+              .to(device, dtype);
+    }
     plan.groups.push_back(std::move(g));
   }
   return plan;
@@ -102,7 +119,7 @@ torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
     }
     if (g.partial_kv_index.numel() > 0) {
       auto [op, lp] = MaskedWithLse(qg, k.index_select(2, g.partial_kv_index),
-                                    v.index_select(2, g.partial_kv_index), g.partial_mask, scale);
+                                    v.index_select(2, g.partial_kv_index), g, scale);
       if (!o.defined()) {
         o = op;
       } else {
@@ -110,7 +127,7 @@ torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
         const torch::Tensor m = torch::maximum(lse, lp);
         const torch::Tensor wf = torch::exp(lse - m).unsqueeze(-1);
         const torch::Tensor wp = torch::exp(lp - m).unsqueeze(-1);
-        o = (o.to(torch::kFloat32) * wf + op * wp) / (wf + wp);
+        o = (o.to(torch::kFloat32) * wf + op.to(torch::kFloat32) * wp) / (wf + wp);
       }
     }
     out.index_copy_(2, g.q_index, o.to(q.scalar_type()));

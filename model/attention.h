@@ -25,6 +25,8 @@ struct AttentionPlan {
     torch::Tensor full_kv_index;     // int64 [full cols]: keys of its full tiles (may be empty)
     torch::Tensor partial_kv_index;  // int64 [partial cols]: keys of its partial tiles
     torch::Tensor partial_mask;      // bool [rows, partial cols]: allowed pairs in partial tiles
+    torch::Tensor partial_bias;      // the same as an additive 0 / -inf mask in the model dtype
+    torch::Tensor partial_row_any;   // bool [rows]: the row has an allowed pair in partial tiles
   };
   std::vector<Group> groups;
   int64_t length = 0;
@@ -34,8 +36,9 @@ struct AttentionPlan {
 };
 
 // Groups the query tiles of `mask` by their (full, partial) key-tile pattern; `rule` gives the
-// pairs inside partial tiles (evaluated on those tiles only).
-AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device);
+// pairs inside partial tiles (evaluated on those tiles only); `dtype` is the attention dtype.
+AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
+                                 torch::ScalarType dtype);
 
 // softmax(q·kᵀ·scale)·v for q, k, v [B, H, T, hd] under `plan`; returns [B, H, T, hd] in q's dtype.
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
