@@ -10,15 +10,6 @@
 namespace praxis::model {
 namespace {
 
-const WindowLayout kBenchLayout{.registers = 4,
-                                .anchor_h = 30,
-                                .anchor_w = 40,
-                                .text_len = 256,
-                                .k = 4,
-                                .f = 2,
-                                .h = 30,
-                                .w = 40};
-
 void SetMaskCounters(benchmark::State& state, const BlockMask& m) {
   const torch::Tensor classes = m.TileClasses();
   const double tiles = static_cast<double>(classes.numel());

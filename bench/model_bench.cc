@@ -17,15 +17,6 @@
 namespace praxis::model {
 namespace {
 
-const WindowLayout kLayout{.registers = 4,
-                           .anchor_h = 30,
-                           .anchor_w = 40,
-                           .text_len = 256,
-                           .k = 4,
-                           .f = 2,
-                           .h = 30,
-                           .w = 40};
-
 BackboneConfig BenchConfig() {
   auto c = LoadConfig(std::string(PRAXIS_SOURCE_DIR) + "/configs/bench.json");
   if (!c.ok()) {
@@ -55,17 +46,21 @@ double StepFlops(const BackboneConfig& c) {
     }
     return f;
   };
-  const MaskKey enc_key = EncoderMaskKey(kLayout, c.flex_block_size);
-  const MaskKey dec_key = DecoderMaskKey(kLayout, c.ph(), c.pw(), c.flex_block_size);
+  const MaskKey enc_key = EncoderMaskKey(kBenchLayout, c.flex_block_size);
+  const MaskKey dec_key = DecoderMaskKey(kBenchLayout, c.ph(), c.pw(), c.flex_block_size);
   const TokenTags et = *WindowTags(enc_key.slots, enc_key.chunk_size);
   const TokenTags dt = *WindowTags(dec_key.slots, dec_key.chunk_size);
   const double enc_pairs = AllowedPairs(ChunkCausalRule(et), et, et);
   const double dec_pairs = AllowedPairs(ChunkCausalRule(dt), dt, dt);
-  const double video = kLayout.k * kLayout.f * kLayout.h * kLayout.w;  // coarse noised tokens
+  const double video =
+      kBenchLayout.k * kBenchLayout.f * kBenchLayout.h * kBenchLayout.w;  // coarse noised tokens
   const double fine = video * c.ph() * c.pw();
-  double f = 2 * (kLayout.anchor_h * kLayout.anchor_w + video * (2 * kLayout.k - 1) / kLayout.k) *
+  double f = 2 *
+                 (kBenchLayout.anchor_h * kBenchLayout.anchor_w +
+                  video * (2 * kBenchLayout.k - 1) / kBenchLayout.k) *
                  c.latent_channels() * dim +
-             2 * kLayout.text_len * (c.text_dim * 4 * dim + 4 * dim * dim) + 2 * video * dim * dim;
+             2 * kBenchLayout.text_len * (c.text_dim * 4 * dim + 4 * dim * dim) +
+             2 * video * dim * dim;
   for (int64_t i = 0; i < c.encoder.depth; ++i) f += block(c.encoder, i, et.length(), enc_pairs);
   f += 2 * fine * c.decoder.video_in_c_in * dim * 2;  // decoder video_in and video_out
   for (int64_t i = 0; i < c.decoder.depth; ++i) {
@@ -77,14 +72,14 @@ double StepFlops(const BackboneConfig& c) {
 StepInputs BenchStep(const BackboneConfig& c) {
   torch::manual_seed(0);
   const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
-  const int64_t C = c.latent_channels(), kf = kLayout.k * kLayout.f;
+  const int64_t C = c.latent_channels(), kf = kBenchLayout.k * kBenchLayout.f;
   StepInputs in;
-  in.text = torch::randn({1, kLayout.text_len, c.text_dim}, bf);
-  in.anchor = torch::randn({1, C, 1, kLayout.anchor_h, kLayout.anchor_w}, bf);
-  in.clean = torch::randn({1, C, kf - kLayout.f, kLayout.h, kLayout.w}, bf);
-  in.noised = torch::randn({1, C, kf, kLayout.h, kLayout.w}, bf);
-  in.timesteps = torch::rand({1, kLayout.k});
-  in.frames_per_chunk = kLayout.f;
+  in.text = torch::randn({1, kBenchLayout.text_len, c.text_dim}, bf);
+  in.anchor = torch::randn({1, C, 1, kBenchLayout.anchor_h, kBenchLayout.anchor_w}, bf);
+  in.clean = torch::randn({1, C, kf - kBenchLayout.f, kBenchLayout.h, kBenchLayout.w}, bf);
+  in.noised = torch::randn({1, C, kf, kBenchLayout.h, kBenchLayout.w}, bf);
+  in.timesteps = torch::rand({1, kBenchLayout.k});
+  in.frames_per_chunk = kBenchLayout.f;
   return in;
 }
 
@@ -121,7 +116,7 @@ BENCHMARK(BM_MatmulBf16)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTi
 void BM_EncoderAttention(benchmark::State& state) {
   torch::set_num_threads(2);
   const BackboneConfig c = BenchConfig();
-  const MaskKey key = EncoderMaskKey(kLayout, c.flex_block_size);
+  const MaskKey key = EncoderMaskKey(kBenchLayout, c.flex_block_size);
   const TokenTags tags = *WindowTags(key.slots, key.chunk_size);
   const MaskRule rule = ChunkCausalRule(tags);
   const int64_t t = tags.length();

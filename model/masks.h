@@ -129,6 +129,17 @@ struct WindowLayout {
   int64_t w = 0;
 };
 
+// The benchmark layout of the issues (registers 4, anchor 30x40, text 256, K = 4, F = 2,
+// h x w = 30 x 40): an 18 260-token encoder sequence, shared by benchmarks and tests.
+inline constexpr WindowLayout kBenchLayout{.registers = 4,
+                                           .anchor_h = 30,
+                                           .anchor_w = 40,
+                                           .text_len = 256,
+                                           .k = 4,
+                                           .f = 2,
+                                           .h = 30,
+                                           .w = 40};
+
 // Encoder sequence [registers | anchor | text | noised | clean] (clean absent when K == 1).
 std::vector<Slot> EncoderSlots(const WindowLayout& layout);
 

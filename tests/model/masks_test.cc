@@ -204,15 +204,7 @@ TEST(BlockMaskTest, RaggedLastTileIsPartialEvenWhenAllAllowed) {
 
 TEST(BlockMaskTest, LongSequenceBuildsWithoutTheDenseGrid) {
   // 18260 tokens: the dense grid would be 333 MB of bools.
-  const WindowLayout l{.registers = 4,
-                       .anchor_h = 30,
-                       .anchor_w = 40,
-                       .text_len = 256,
-                       .k = 4,
-                       .f = 2,
-                       .h = 30,
-                       .w = 40};
-  BlockMask m = *BuildTowerMask(EncoderMaskKey(l, 128));
+  BlockMask m = *BuildTowerMask(EncoderMaskKey(kBenchLayout, 128));
   EXPECT_EQ(m.q_len, 4 + 1200 + 256 + 8 * 1200 + 6 * 1200);
   torch::Tensor classes = m.TileClasses();
   const double empty = (classes == 0).sum().item<double>() / classes.numel();
