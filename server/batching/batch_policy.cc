@@ -1,0 +1,25 @@
+#include "server/batching/batch_policy.h"
+
+#include <algorithm>
+
+namespace praxis::batching {
+
+BatchDecision NextBatch(absl::Span<const QueueState> queues, absl::Time now,
+                        const BatchOptions& options) {
+  BatchDecision d;
+  const QueueState* best = nullptr;
+  for (const QueueState& q : queues) {
+    if (q.rows <= 0) continue;
+    const absl::Time due = q.oldest_enqueued + options.max_queue_delay;
+    const bool ready = q.rows >= options.max_batch_rows || due <= now;
+    if (ready) {
+      if (best == nullptr || q.oldest_enqueued < best->oldest_enqueued) best = &q;
+    } else {
+      d.wake_at = std::min(d.wake_at, due);
+    }
+  }
+  if (best != nullptr) d.run = best->key;
+  return d;
+}
+
+}  // namespace praxis::batching

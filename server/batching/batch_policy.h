@@ -1,0 +1,39 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace praxis::batching {
+
+// The batcher's knobs. Defaults suit a CPU server on the tiny model.
+struct BatchOptions {
+  int64_t max_batch_rows = 8;                              // a batch closes at this many rows
+  absl::Duration max_queue_delay = absl::Milliseconds(5);  // ... or this long after its oldest
+  int64_t max_queue_requests = 1024;                       // total queued, all keys
+  int64_t max_queue_bytes = int64_t{1} << 30;              // total queued bytes, all keys
+};
+
+// What the policy needs to know of one layout key's queue.
+struct QueueState {
+  std::string key;
+  absl::Time oldest_enqueued;  // when the task at its head arrived
+  int64_t rows = 0;            // rows queued under this key
+};
+
+// The policy's answer: the key to run now, if any, else when to look again.
+struct BatchDecision {
+  std::optional<std::string> run;
+  absl::Time wake_at = absl::InfiniteFuture();
+};
+
+// A queue is ready when it holds max_batch_rows rows or its oldest task has waited
+// max_queue_delay; among ready queues the one with the oldest task runs first, so no key starves.
+// Pure: a function of its arguments only, so it is tested with literal times.
+BatchDecision NextBatch(absl::Span<const QueueState> queues, absl::Time now,
+                        const BatchOptions& options);
+
+}  // namespace praxis::batching

@@ -1,0 +1,145 @@
+#include "server/batching/batcher.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace praxis::batching {
+
+Batcher::Batcher(BatchOptions options, Runner runner, int workers)
+    : options_(options), runner_(std::move(runner)) {
+  for (int i = 0; i < std::max(1, workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+Batcher::~Batcher() { Drain(absl::ZeroDuration()); }
+
+absl::Status Batcher::Submit(std::unique_ptr<Task>& task) {
+  if (task->rows() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch rows must be >= 1, got ", task->rows()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("server is draining");
+  if (stats_.queued_requests + 1 > options_.max_queue_requests ||
+      stats_.queued_bytes + task->bytes() > options_.max_queue_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue full: ", stats_.queued_requests, " requests and ", stats_.queued_bytes,
+                     " bytes queued (limits ", options_.max_queue_requests, " and ",
+                     options_.max_queue_bytes, ")"));
+  }
+  ++stats_.queued_requests;
+  stats_.queued_bytes += task->bytes();
+  const std::string key = task->layout_key();
+  queues_[key].push_back({std::move(task), absl::Now()});
+  wake_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Batcher::Forget(const Task& t) {
+  --stats_.queued_requests;
+  stats_.queued_bytes -= t.bytes();
+}
+
+std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> Batcher::SweepLocked(absl::Time now) {
+  std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> dropped;
+  for (auto it = queues_.begin(); it != queues_.end();) {
+    std::deque<Queued> kept;
+    for (Queued& q : it->second) {
+      absl::Status why;
+      if (q.task->cancelled()) {
+        why = absl::CancelledError("cancelled while queued");
+        ++stats_.cancelled;
+      } else if (q.task->deadline() <= now) {
+        why = absl::DeadlineExceededError("deadline passed while queued; not computed");
+        ++stats_.expired;
+      } else if (draining_ && now >= drain_deadline_) {
+        why = absl::UnavailableError("server shut down before this request ran");
+      }
+      if (why.ok()) {
+        kept.push_back(std::move(q));
+      } else {
+        Forget(*q.task);
+        dropped.emplace_back(std::move(q.task), why);
+      }
+    }
+    it->second = std::move(kept);
+    it = it->second.empty() ? queues_.erase(it) : std::next(it);
+  }
+  return dropped;
+}
+
+std::vector<std::unique_ptr<Task>> Batcher::TakeBatchLocked(const std::string& key) {
+  std::deque<Queued>& q = queues_[key];
+  std::vector<std::unique_ptr<Task>> batch;
+  int64_t rows = 0;
+  while (!q.empty() &&
+         (batch.empty() || rows + q.front().task->rows() <= options_.max_batch_rows)) {
+    rows += q.front().task->rows();
+    Forget(*q.front().task);
+    batch.push_back(std::move(q.front().task));
+    q.pop_front();
+  }
+  if (q.empty()) queues_.erase(key);
+  ++stats_.batches;
+  return batch;
+}
+
+void Batcher::WorkerLoop() {
+  while (true) {
+    std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> dropped;
+    std::vector<std::unique_ptr<Task>> batch;
+    bool exit = false;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      dropped = SweepLocked(now);
+      std::vector<QueueState> states;
+      absl::Time earliest_deadline = absl::InfiniteFuture();
+      for (const auto& [key, q] : queues_) {
+        int64_t rows = 0;
+        for (const Queued& t : q) {
+          rows += t.task->rows();
+          earliest_deadline = std::min(earliest_deadline, t.task->deadline());
+        }
+        states.push_back({key, q.front().enqueued, rows});
+      }
+      BatchOptions policy = options_;
+      if (draining_) policy.max_queue_delay = absl::ZeroDuration();  // run everything now
+      const BatchDecision d = NextBatch(states, now, policy);
+      if (d.run) {
+        batch = TakeBatchLocked(*d.run);
+      } else if (draining_ && queues_.empty()) {
+        exit = true;
+      } else if (dropped.empty()) {
+        // Wake for the next batch, the next deadline, a Submit or a drain. Cancellation is
+        // noticed at the latest by the next wake; bound the wait so it is noticed promptly.
+        const absl::Time wake =
+            std::min({d.wake_at, earliest_deadline, drain_deadline_, now + absl::Milliseconds(50)});
+        wake_.WaitWithDeadline(&mu_, wake);
+      }
+    }
+    for (auto& [task, why] : dropped) task->Fail(why);
+    if (!batch.empty()) runner_(std::move(batch));
+    if (exit) return;
+  }
+}
+
+void Batcher::Drain(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!draining_) {
+      draining_ = true;
+      drain_deadline_ = absl::Now() + grace;
+    }
+    wake_.SignalAll();
+  }
+  for (std::thread& w : workers_) {
+    if (w.joinable()) w.join();
+  }
+}
+
+BatcherStats Batcher::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace praxis::batching

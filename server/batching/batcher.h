@@ -1,0 +1,85 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/batching/batch_policy.h"
+#include "server/batching/task.h"
+
+namespace praxis::batching {
+
+// Counters and levels of a Batcher.
+struct BatcherStats {
+  int64_t queued_requests = 0;
+  int64_t queued_bytes = 0;
+  int64_t batches = 0;
+  int64_t expired = 0;    // failed DEADLINE_EXCEEDED while queued, never run
+  int64_t cancelled = 0;  // dropped while queued
+};
+
+// The dynamic batcher: one FIFO per layout key, batches chosen by NextBatch, run by worker
+// threads outside the lock.
+//
+// Thread-safe. Submit never blocks: beyond the request or byte budget it refuses at once with
+// RESOURCE_EXHAUSTED (and UNAVAILABLE once draining). Before each batch, queued tasks whose
+// deadline passed are failed with DEADLINE_EXCEEDED and cancelled ones with CANCELLED; neither is
+// run. A batch holds tasks of one key, in arrival order, up to max_batch_rows rows (a task larger
+// than that runs alone); the runner receives ownership and answers each task exactly once.
+class Batcher {
+ public:
+  using Runner = std::function<void(std::vector<std::unique_ptr<Task>> batch)>;
+
+  // Starts `workers` threads (one per device) that call `runner`.
+  Batcher(BatchOptions options, Runner runner, int workers = 1);
+  // Drains with no grace: queued tasks are failed UNAVAILABLE; the running batches finish.
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues `task`. On error the task is handed back untouched (not failed) for the caller to
+  // answer: RESOURCE_EXHAUSTED over budget, UNAVAILABLE when draining, InvalidArgument for a task
+  // with rows < 1.
+  absl::Status Submit(std::unique_ptr<Task>& task);
+
+  // Stops accepting, runs what is queued for up to `grace`, fails the rest UNAVAILABLE, and waits
+  // for the workers. Idempotent.
+  void Drain(absl::Duration grace);
+
+  BatcherStats stats() const;
+
+ private:
+  struct Queued {
+    std::unique_ptr<Task> task;
+    absl::Time enqueued;
+  };
+
+  void WorkerLoop();
+  // Removes expired and cancelled tasks (returned to be failed outside the lock).
+  std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> SweepLocked(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::unique_ptr<Task>> TakeBatchLocked(const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Forget(const Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BatchOptions options_;
+  const Runner runner_;
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::map<std::string, std::deque<Queued>> queues_ ABSL_GUARDED_BY(mu_);
+  BatcherStats stats_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace praxis::batching

@@ -1,0 +1,281 @@
+#include "server/batching/batcher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "server/batching/batch_policy.h"
+
+namespace praxis::batching {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(NextBatchTest, ClosesOnSize) {
+  const BatchOptions o{.max_batch_rows = 4, .max_queue_delay = absl::Milliseconds(10)};
+  const std::vector<QueueState> q = {{"a", kT0, 4}};
+  EXPECT_EQ(NextBatch(q, kT0, o).run, "a");
+  const std::vector<QueueState> small = {{"a", kT0, 3}};
+  const BatchDecision d = NextBatch(small, kT0 + absl::Milliseconds(2), o);
+  EXPECT_FALSE(d.run);
+  EXPECT_EQ(d.wake_at, kT0 + absl::Milliseconds(10));
+}
+
+TEST(NextBatchTest, ClosesOnDelay) {
+  const BatchOptions o{.max_batch_rows = 4, .max_queue_delay = absl::Milliseconds(10)};
+  const std::vector<QueueState> q = {{"a", kT0, 1}};
+  EXPECT_FALSE(NextBatch(q, kT0 + absl::Milliseconds(9), o).run);
+  EXPECT_EQ(NextBatch(q, kT0 + absl::Milliseconds(10), o).run, "a");
+}
+
+TEST(NextBatchTest, OldestReadyQueueGoesFirst) {
+  const BatchOptions o{.max_batch_rows = 2, .max_queue_delay = absl::Milliseconds(10)};
+  const std::vector<QueueState> q = {{"full-new", kT0 + absl::Milliseconds(5), 2},
+                                     {"old", kT0, 1},
+                                     {"young", kT0 + absl::Milliseconds(8), 1}};
+  EXPECT_EQ(NextBatch(q, kT0 + absl::Milliseconds(11), o).run, "old");
+  EXPECT_EQ(NextBatch(q, kT0 + absl::Milliseconds(6), o).run, "full-new");
+}
+
+// A task that records its final answer.
+class FakeTask : public Task {
+ public:
+  FakeTask(std::string key, int64_t rows, absl::Time deadline = absl::InfiniteFuture())
+      : key_(std::move(key)), rows_(rows), deadline_(deadline) {}
+  const std::string& layout_key() const override { return key_; }
+  int64_t rows() const override { return rows_; }
+  int64_t bytes() const override { return 100 * rows_; }
+  absl::Time deadline() const override { return deadline_; }
+  bool cancelled() const override { return cancelled_; }
+  void Fail(absl::Status s) override {
+    ++answers;
+    failure = s;
+    done.Notify();
+  }
+  void Complete() {
+    ++answers;
+    done.Notify();
+  }
+  std::atomic<bool> cancelled_ = false;
+  std::atomic<int> answers = 0;
+  absl::Status failure;
+  absl::Notification done;
+
+ private:
+  std::string key_;
+  int64_t rows_;
+  absl::Time deadline_;
+};
+
+// What the batcher owns: a forwarder to a FakeTask the test owns, so the test can read a task's
+// answer after the batcher has dropped it.
+class ProxyTask : public Task {
+ public:
+  explicit ProxyTask(FakeTask* t) : t_(t) {}
+  const std::string& layout_key() const override { return t_->layout_key(); }
+  int64_t rows() const override { return t_->rows(); }
+  int64_t bytes() const override { return t_->bytes(); }
+  absl::Time deadline() const override { return t_->deadline(); }
+  bool cancelled() const override { return t_->cancelled(); }
+  void Fail(absl::Status s) override { t_->Fail(std::move(s)); }
+  FakeTask* target() const { return t_; }
+
+ private:
+  FakeTask* t_;
+};
+
+// Records each batch as (key, rows per task) and completes its tasks.
+struct RecordingRunner {
+  void operator()(std::vector<std::unique_ptr<Task>> batch) {
+    std::vector<int64_t> rows;
+    for (auto& t : batch) rows.push_back(t->rows());
+    {
+      absl::MutexLock lock(&mu);
+      batches.push_back({batch.front()->layout_key(), rows});
+    }
+    if (gate) gate->WaitForNotification();
+    for (auto& t : batch) static_cast<ProxyTask*>(t.get())->target()->Complete();
+  }
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> batches;
+  absl::Notification* gate = nullptr;
+};
+
+// Waits (bounded) until a worker has taken a batch, i.e. the runner holds it.
+bool WaitForFirstBatch(const Batcher& b) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (b.stats().batches == 0) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// The test's tasks, alive for the whole test binary.
+std::vector<std::unique_ptr<FakeTask>>& Arena() {
+  static auto* arena = new std::vector<std::unique_ptr<FakeTask>>();
+  return *arena;
+}
+
+// Submits `t` through a proxy; the test keeps the FakeTask to read its answer.
+FakeTask* Submit(Batcher& b, std::unique_ptr<FakeTask> t, absl::Status* status = nullptr) {
+  FakeTask* raw = t.get();
+  Arena().push_back(std::move(t));
+  std::unique_ptr<Task> task = std::make_unique<ProxyTask>(raw);
+  absl::Status s = b.Submit(task);
+  if (status) *status = s;
+  EXPECT_EQ(task == nullptr, s.ok()) << "a refused task is handed back";
+  return raw;
+}
+
+TEST(BatcherTest, GroupsByLayoutKeyAndClosesOnSize) {
+  RecordingRunner runner;
+  std::vector<FakeTask*> tasks;
+  {
+    Batcher b({.max_batch_rows = 2, .max_queue_delay = absl::Seconds(10)}, std::ref(runner));
+    for (int i = 0; i < 4; ++i) tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 1)));
+    tasks.push_back(Submit(b, std::make_unique<FakeTask>("b", 2)));
+    for (FakeTask* t : tasks) t->done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  ASSERT_EQ(runner.batches.size(), 3u);
+  for (const auto& [key, rows] : runner.batches) {
+    int64_t n = 0;
+    for (int64_t r : rows) n += r;
+    EXPECT_EQ(n, 2) << key;
+  }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
+}
+
+TEST(BatcherTest, ClosesOnDelayWithAPartialBatch) {
+  RecordingRunner runner;
+  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Milliseconds(20)}, std::ref(runner));
+  FakeTask* t = Submit(b, std::make_unique<FakeTask>("a", 3));
+  ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&runner.mu);
+  ASSERT_EQ(runner.batches.size(), 1u);
+  EXPECT_EQ(runner.batches[0].second, std::vector<int64_t>{3});
+}
+
+TEST(BatcherTest, MultiRowTaskIsNeverSplit) {
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  std::vector<FakeTask*> tasks;
+  {
+    Batcher b({.max_batch_rows = 4, .max_queue_delay = absl::Milliseconds(1)}, std::ref(runner));
+    tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 3)));
+    tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 3)));
+    tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 6)));  // larger than a batch: alone
+    gate.Notify();
+    for (FakeTask* t : tasks) t->done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  for (const auto& [key, rows] : runner.batches) {
+    if (rows.size() > 1) {
+      int64_t n = 0;
+      for (int64_t r : rows) n += r;
+      EXPECT_LE(n, 4);
+    }
+  }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
+}
+
+TEST(BatcherTest, FullQueueRefusesAtOnce) {
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration(), .max_queue_requests = 2},
+            std::ref(runner));
+  FakeTask* running = Submit(b, std::make_unique<FakeTask>("a", 1));
+  // Wait until the worker holds the first task, so the queue is empty again.
+  ASSERT_TRUE(WaitForFirstBatch(b));
+  absl::Status s1, s2, s3;
+  FakeTask* q1 = Submit(b, std::make_unique<FakeTask>("a", 1), &s1);
+  FakeTask* q2 = Submit(b, std::make_unique<FakeTask>("b", 1), &s2);
+  FakeTask* refused = Submit(b, std::make_unique<FakeTask>("c", 1), &s3);
+  EXPECT_TRUE(s1.ok() && s2.ok());
+  EXPECT_EQ(s3.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused->answers, 0) << "a refused task is handed back, not answered";
+  gate.Notify();
+  for (FakeTask* t : {running, q1, q2}) {
+    ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(t->answers, 1);
+  }
+}
+
+TEST(BatcherTest, ExpiredTaskIsFailedAndNeverRun) {
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner));
+  FakeTask* blocker = Submit(b, std::make_unique<FakeTask>("a", 1));
+  ASSERT_TRUE(WaitForFirstBatch(b));
+  FakeTask* late =
+      Submit(b, std::make_unique<FakeTask>("b", 1, absl::Now() + absl::Milliseconds(5)));
+  absl::SleepFor(absl::Milliseconds(20));  // past its deadline while the worker is busy
+  gate.Notify();
+  ASSERT_TRUE(late->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(late->failure.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(late->answers, 1);
+  ASSERT_TRUE(blocker->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&runner.mu);
+  EXPECT_EQ(runner.batches.size(), 1u) << "the expired task never reached the runner";
+  EXPECT_EQ(b.stats().expired, 1);
+}
+
+TEST(BatcherTest, CancelledTaskIsDropped) {
+  RecordingRunner runner;
+  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Seconds(10)}, std::ref(runner));
+  FakeTask* t = Submit(b, std::make_unique<FakeTask>("a", 1));
+  t->cancelled_ = true;
+  ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(t->failure.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(b.stats().queued_requests, 0);
+}
+
+TEST(BatcherTest, DrainRunsQueuedWorkThenRefusesNewWork) {
+  RecordingRunner runner;
+  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Seconds(60)}, std::ref(runner));
+  std::vector<FakeTask*> tasks;
+  for (int i = 0; i < 5; ++i)
+    tasks.push_back(Submit(b, std::make_unique<FakeTask>("k" + std::to_string(i % 2), 1)));
+  b.Drain(absl::Seconds(10));
+  for (FakeTask* t : tasks) {
+    EXPECT_TRUE(t->done.HasBeenNotified());
+    EXPECT_EQ(t->answers, 1);
+    EXPECT_TRUE(t->failure.ok()) << "queued work finishes within the grace period";
+  }
+  absl::Status s;
+  FakeTask* after = Submit(b, std::make_unique<FakeTask>("a", 1), &s);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(after->answers, 0);
+}
+
+TEST(BatcherTest, ManyConcurrentSubmittersEachAnsweredExactlyOnce) {
+  RecordingRunner runner;
+  std::vector<FakeTask*> tasks(64);
+  {
+    Batcher b({.max_batch_rows = 4, .max_queue_delay = absl::Milliseconds(2)}, std::ref(runner), 2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i) {
+      threads.emplace_back([&, i] {
+        for (int j = 0; j < 8; ++j) {
+          tasks[i * 8 + j] = Submit(b, std::make_unique<FakeTask>("k" + std::to_string(j % 3), 1));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (FakeTask* t : tasks)
+      ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
+  bool some_batch_above_one = false;
+  for (const auto& [key, rows] : runner.batches) some_batch_above_one |= rows.size() > 1;
+  EXPECT_TRUE(some_batch_above_one);
+}
+
+}  // namespace
+}  // namespace praxis::batching
