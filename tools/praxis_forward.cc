@@ -21,8 +21,8 @@
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, config, "",
-          "config.json; with --checkpoint it must describe the same model, without it the model "
-          "gets deterministic random weights (--seed)");
+          "config.json for a model with deterministic random weights (--seed); not used with "
+          "--checkpoint, whose own config.json describes it");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights when no --checkpoint is given");
 ABSL_FLAG(std::string, inputs, "", "safetensors with text, anchor, [clean], noised, timesteps");
 ABSL_FLAG(std::string, out, "",
