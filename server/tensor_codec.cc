@@ -1,0 +1,115 @@
+#include "server/tensor_codec.h"
+
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace praxis::serve {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little-endian; a big-endian host would need byte swapping");
+
+constexpr int kMaxDims = 8;
+
+}  // namespace
+
+absl::StatusOr<torch::ScalarType> FromWireDtype(int wire, absl::string_view field) {
+  switch (wire) {
+    case v1::FLOAT32:
+      return torch::kFloat32;
+    case v1::BFLOAT16:
+      return torch::kBFloat16;
+    case v1::FLOAT16:
+      return torch::kFloat16;
+    case v1::INT64:
+      return torch::kInt64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".dtype: expected FLOAT32, BFLOAT16, FLOAT16 or INT64, got ", wire));
+  }
+}
+
+absl::StatusOr<v1::DType> ToWireDtype(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return v1::FLOAT32;
+    case torch::kBFloat16:
+      return v1::BFLOAT16;
+    case torch::kFloat16:
+      return v1::FLOAT16;
+    case torch::kInt64:
+      return v1::INT64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", c10::toString(dtype), " has no wire form"));
+  }
+}
+
+absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& t, absl::string_view field) {
+  PRAXIS_ASSIGN_OR_RETURN(torch::ScalarType dtype, FromWireDtype(t.dtype(), field));
+  if (t.shape_size() > kMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape: expected at most ", kMaxDims,
+                                                   " dimensions, got ", t.shape_size()));
+  }
+  std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+  // Overflow-checked: a product over 2^62 elements cannot be a real request.
+  uint64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".shape: expected non-negative sizes, got [", absl::StrJoin(shape, ", "), "]"));
+    }
+    if (d != 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".shape: too many elements"));
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  const uint64_t want = numel * c10::elementSize(dtype);
+  if (t.data().size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data: expected ", want, " bytes for shape [", absl::StrJoin(shape, ", "), "] of ",
+        c10::toString(dtype), ", got ", t.data().size()));
+  }
+  torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  if (want > 0) std::memcpy(out.data_ptr(), t.data().data(), want);
+  return out;
+}
+
+namespace {
+
+// The dtype `t` travels as: `wire` for float tensors, its own for int64.
+absl::StatusOr<torch::ScalarType> WireTarget(const torch::Tensor& t, v1::DType wire) {
+  if (!t.is_floating_point()) {
+    PRAXIS_RETURN_IF_ERROR(ToWireDtype(t.scalar_type()).status());
+    return t.scalar_type();
+  }
+  PRAXIS_ASSIGN_OR_RETURN(torch::ScalarType target, FromWireDtype(wire, "wire_dtype"));
+  if (target == torch::kInt64) {
+    return absl::InvalidArgumentError("wire_dtype: expected a float dtype, got INT64");
+  }
+  return target;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> TensorBytes(const torch::Tensor& t, v1::DType wire) {
+  PRAXIS_ASSIGN_OR_RETURN(torch::ScalarType target, WireTarget(t, wire));
+  const torch::Tensor c = t.to(torch::kCPU, target).contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+absl::StatusOr<v1::Tensor> EncodeTensor(const torch::Tensor& t, v1::DType wire) {
+  PRAXIS_ASSIGN_OR_RETURN(torch::ScalarType target, WireTarget(t, wire));
+  PRAXIS_ASSIGN_OR_RETURN(std::string bytes, TensorBytes(t, wire));
+  v1::Tensor out;
+  out.set_dtype(*ToWireDtype(target));
+  for (int64_t d : t.sizes()) out.add_shape(d);
+  out.set_data(std::move(bytes));
+  return out;
+}
+
+}  // namespace praxis::serve
