@@ -389,6 +389,12 @@ def chunk_of(velocity, j, f):
     return velocity[:, :, j * f:(j + 1) * f]
 
 
+# "Unchanged" up to rounding: a perturbed chunk reroutes its tokens in the MoE, so the experts'
+# matmuls see other row counts, and some CPU BLAS kernels (AMD EPYC here) then round differently
+# (we saw 7e-7). A causality leak moves outputs by more than 1e-3.
+UNCHANGED = 1e-5
+
+
 def test_noised_chunk_only_changes_its_own_velocity(model):
     k, f = 3, 2
     x = make_inputs(model.cfg, k=k, f=f)
@@ -399,7 +405,7 @@ def test_noised_chunk_only_changes_its_own_velocity(model):
         out = run(model, y)
         for i in range(k):
             diff = (chunk_of(out.velocity, i, f) - chunk_of(base.velocity, i, f)).abs().max()
-            assert (diff > 1e-3) if i == j else (diff == 0), (j, i, float(diff))
+            assert (diff > 1e-3) if i == j else (diff <= UNCHANGED), (j, i, float(diff))
         torch.testing.assert_close(out.features.taps[1][:, base.features.clean_span[0]:],
                                    base.features.taps[1][:, base.features.clean_span[0]:], rtol=0, atol=0)
 
@@ -414,7 +420,7 @@ def test_clean_chunk_only_changes_later_chunks(model):
         out = run(model, y)
         for i in range(k):
             diff = (chunk_of(out.velocity, i, f) - chunk_of(base.velocity, i, f)).abs().max()
-            assert (diff > 1e-3) if i > j else (diff == 0), (j, i, float(diff))
+            assert (diff > 1e-3) if i > j else (diff <= UNCHANGED), (j, i, float(diff))
 
 
 def test_batch_invariance(model):
