@@ -91,6 +91,7 @@ class VideoBackbone {
   const BackboneConfig& config() const { return config_; }
   const BackboneOptions& options() const { return options_; }
   MaskCache& mask_cache() { return mask_cache_; }
+  const MaskCache& mask_cache() const { return mask_cache_; }
   // The dtype of the parameters (and of the float outputs).
   torch::ScalarType dtype() const;
 

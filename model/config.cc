@@ -320,6 +320,19 @@ absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
       absl::StrCat("dtype must be float32, bfloat16 or float16, got \"", name, "\""));
 }
 
+std::string DtypeName(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kFloat16:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
 absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text) {
   Json root;
   try {

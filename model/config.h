@@ -75,4 +75,7 @@ absl::StatusOr<BackboneConfig> LoadConfig(const std::string& path);
 // "float32" | "bfloat16" | "float16" to the torch dtype; InvalidArgument otherwise.
 absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name);
 
+// The inverse of ParseDtype ("float32", ...); torch's own name for other dtypes.
+std::string DtypeName(torch::ScalarType dtype);
+
 }  // namespace praxis::model

@@ -15,8 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "model/backbone.h"
-#include "model/checkpoint.h"
-#include "model/random_weights.h"
+#include "model/model_loader.h"
 #include "model/safetensors.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
@@ -40,26 +39,6 @@ ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
 
 namespace praxis::model {
 namespace {
-
-absl::StatusOr<std::unique_ptr<VideoBackbone>> LoadModel(const BackboneOptions& options,
-                                                         const std::string& dtype) {
-  CheckpointOptions ckpt_options;
-  ckpt_options.device = options.device;
-  if (!dtype.empty()) {
-    PRAXIS_ASSIGN_OR_RETURN(ckpt_options.dtype, ParseDtype(dtype));
-  }
-  const std::string dir = absl::GetFlag(FLAGS_checkpoint);
-  if (!dir.empty()) {
-    PRAXIS_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir, ckpt_options));
-    return VideoBackbone::Create(ckpt.config, ckpt.tensors, options);
-  }
-  if (absl::GetFlag(FLAGS_config).empty()) {
-    return absl::InvalidArgumentError("give --checkpoint or --config");
-  }
-  PRAXIS_ASSIGN_OR_RETURN(BackboneConfig config, LoadConfig(absl::GetFlag(FLAGS_config)));
-  if (!dtype.empty()) config.dtype = dtype;  // random weights are drawn in the wanted dtype
-  return VideoBackbone::Create(config, RandomWeights(config, absl::GetFlag(FLAGS_seed)), options);
-}
 
 absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
   PRAXIS_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
@@ -92,19 +71,19 @@ absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
 }
 
 absl::Status Run() {
+  if (absl::GetFlag(FLAGS_checkpoint).empty() && absl::GetFlag(FLAGS_config).empty()) {
+    return absl::InvalidArgumentError("give --checkpoint or --config");
+  }
   BackboneOptions options;
-  try {
-    options.device = torch::Device(absl::GetFlag(FLAGS_device));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("--device: ", e.what()));
-  }
-  const std::string attention = absl::GetFlag(FLAGS_attention);
-  if (attention != "sparse" && attention != "dense") {
-    return absl::InvalidArgumentError("--attention: expected sparse or dense");
-  }
-  options.attention = attention == "sparse" ? AttentionMode::kSparse : AttentionMode::kDense;
+  PRAXIS_ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
+  PRAXIS_ASSIGN_OR_RETURN(options.attention, ParseAttention(absl::GetFlag(FLAGS_attention)));
   torch::set_num_threads(absl::GetFlag(FLAGS_threads));
-  PRAXIS_ASSIGN_OR_RETURN(auto model, LoadModel(options, absl::GetFlag(FLAGS_dtype)));
+  const ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
+                           .config_path = absl::GetFlag(FLAGS_config),
+                           .seed = absl::GetFlag(FLAGS_seed),
+                           .dtype = absl::GetFlag(FLAGS_dtype)};
+  PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
+  VideoBackbone* model = loaded.model.get();
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadInputs(absl::GetFlag(FLAGS_inputs)));
   PRAXIS_ASSIGN_OR_RETURN(BackboneOutput out, model->Forward(in));
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

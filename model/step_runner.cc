@@ -1,0 +1,54 @@
+#include "model/step_runner.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include <utility>
+
+namespace praxis::model {
+
+BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model)
+    : model_(std::move(model)) {}
+
+absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) {
+  StepInputs in = batch;
+  const torch::Device dev = model_->options().device;
+  try {
+    if (dev.is_cuda()) {
+      for (torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
+        if (t->defined()) *t = t->pin_memory().to(dev, /*non_blocking=*/true);
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("staging inputs on ") + dev.str() + ": " + e.what());
+  }
+  absl::StatusOr<BackboneOutput> out = model_->Forward(in);
+  if (!out.ok() || !dev.is_cuda()) return out;
+  try {
+    auto host = [](torch::Tensor& t) {
+      if (t.defined()) t = t.cpu();
+    };
+    host(out->velocity);
+    host(out->cond);
+    for (torch::Tensor& t : out->features.taps) host(t);
+    host(out->features.embeddings);
+    host(out->features.positions);
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("copying outputs to the host: ") + e.what());
+  }
+  return out;
+}
+
+std::string BackboneStepRunner::device() const { return model_->options().device.str(); }
+
+std::string BackboneStepRunner::dtype() const { return DtypeName(model_->dtype()); }
+
+std::optional<int64_t> BackboneStepRunner::device_memory_bytes() const {
+  const torch::Device dev = model_->options().device;
+  if (!dev.is_cuda()) return std::nullopt;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index() < 0 ? 0 : dev.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+
+}  // namespace praxis::model

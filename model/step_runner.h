@@ -1,0 +1,52 @@
+#pragma once
+
+// The model as the server sees it (STYLE.md: server/ sees this interface; only main.cc names the
+// LibTorch implementation).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/backbone.h"
+#include "model/config.h"
+#include "model/mask_cache.h"
+
+namespace praxis::model {
+
+// Runs one stacked batch of validated steps and describes the model. Implementations are called
+// by one batcher worker per device at a time, but the const accessors may be called from any
+// thread (metrics scrapes, model-info calls) and must be thread-safe.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual const BackboneConfig& config() const = 0;
+  // One step over all rows of `batch`; outputs on the host. InvalidArgument for inputs the model
+  // rejects, Internal for a runtime failure.
+  virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) = 0;
+  virtual MaskCacheStats mask_cache_stats() const = 0;
+  virtual std::string device() const = 0;  // "cpu", "cuda:0"
+  virtual std::string dtype() const = 0;   // "float32", "bfloat16", "float16"
+  // Bytes the device allocator holds now; nullopt where the device keeps no such count (CPU).
+  virtual std::optional<int64_t> device_memory_bytes() const = 0;
+};
+
+// The LibTorch StepRunner over a VideoBackbone: inputs are staged through pinned host memory on
+// CUDA, and outputs come back to the host.
+class BackboneStepRunner : public StepRunner {
+ public:
+  explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model);
+
+  const BackboneConfig& config() const override { return model_->config(); }
+  absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) override;
+  MaskCacheStats mask_cache_stats() const override { return model_->mask_cache().stats(); }
+  std::string device() const override;
+  std::string dtype() const override;
+  std::optional<int64_t> device_memory_bytes() const override;
+
+ private:
+  std::unique_ptr<VideoBackbone> model_;
+};
+
+}  // namespace praxis::model
