@@ -39,8 +39,8 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneO
     out.name = source.config_path;
   }
   if (!source.dtype.empty()) config.dtype = source.dtype;  // random weights come in this dtype
-  PRAXIS_ASSIGN_OR_RETURN(out.model,
-                          VideoBackbone::Create(config, RandomWeights(config, source.seed), options));
+  PRAXIS_ASSIGN_OR_RETURN(
+      out.model, VideoBackbone::Create(config, RandomWeights(config, source.seed), options));
   return out;
 }
 

@@ -1,8 +1,8 @@
 #include "model/step_batch.h"
 
-#include <vector>
-
 #include <ATen/CPUGeneratorImpl.h>
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,8 +12,8 @@ namespace praxis::model {
 std::string LayoutKey(const StepInputs& in) {
   return absl::StrCat("L", in.text.size(1), "_a", in.anchor.size(3), "x", in.anchor.size(4), "_K",
                       in.noised.size(2) / in.frames_per_chunk, "_F", in.frames_per_chunk, "_g",
-                      in.noised.size(3), "x", in.noised.size(4), in.decode ? "_dec" : "_enc",
-                      "_rs", absl::StrJoin(in.rope_shifts, ","));
+                      in.noised.size(3), "x", in.noised.size(4), in.decode ? "_dec" : "_enc", "_rs",
+                      absl::StrJoin(in.rope_shifts, ","));
 }
 
 StepInputs SyntheticStep(const BackboneConfig& config, const WindowLayout& l, int64_t b,
@@ -50,9 +50,7 @@ StepInputs StackSteps(absl::Span<const StepInputs* const> steps) {
 }
 
 BackboneOutput SliceRows(const BackboneOutput& out, int64_t start, int64_t rows) {
-  auto slice = [&](const torch::Tensor& t) {
-    return t.defined() ? t.narrow(0, start, rows) : t;
-  };
+  auto slice = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, start, rows) : t; };
   BackboneOutput s = out;
   s.velocity = slice(out.velocity);
   s.cond = slice(out.cond);

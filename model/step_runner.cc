@@ -46,7 +46,8 @@ std::string BackboneStepRunner::dtype() const { return DtypeName(model_->dtype()
 std::optional<int64_t> BackboneStepRunner::device_memory_bytes() const {
   const torch::Device dev = model_->options().device;
   if (!dev.is_cuda()) return std::nullopt;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index() < 0 ? 0 : dev.index());
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index() < 0 ? 0 : dev.index());
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
       .current;
 }
