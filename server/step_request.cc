@@ -44,10 +44,37 @@ absl::StatusOr<OutputPlan> DecodeOutputs(const v1::StepRequest& r,
   return plan;
 }
 
+absl::Status AtMost(int64_t value, int64_t limit, const char* field, const char* what) {
+  if (value <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected ", what, " <= ", limit, " (server limit), got ", value));
+}
+
+// Called after ValidateStep, so the shapes are known to be consistent.
+absl::Status CheckLimits(const model::StepInputs& in, const model::BackboneConfig& c,
+                         const StepLimits& l) {
+  const int64_t b = in.noised.size(0), kf = in.noised.size(2), h = in.noised.size(3),
+                w = in.noised.size(4), ah = in.anchor.size(3), aw = in.anchor.size(4),
+                text = in.text.size(1);
+  PRAXIS_RETURN_IF_ERROR(AtMost(b, l.max_rows, "noised", "batch rows B"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(text, l.max_text_len, "text", "text length L"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(kf, l.max_frames, "noised", "frames K*F"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(h, l.max_grid_h, "noised", "grid height h"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(w, l.max_grid_w, "noised", "grid width w"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(ah, l.max_grid_h, "anchor", "grid height"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(aw, l.max_grid_w, "anchor", "grid width"));
+  const int64_t clean = in.clean.defined() ? in.clean.size(2) * h * w : 0;
+  const int64_t encoder = c.num_registers + ah * aw + text + kf * h * w + clean;
+  const int64_t decoder = c.num_registers + kf * h * c.ph() * w * c.pw();
+  PRAXIS_RETURN_IF_ERROR(AtMost(encoder, l.max_tokens, "noised", "encoder tokens"));
+  return AtMost(decoder, l.max_tokens, "noised", "decoder tokens");
+}
+
 }  // namespace
 
 absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
-                                              const model::BackboneConfig& config) {
+                                              const model::BackboneConfig& config,
+                                              const StepLimits& limits) {
   DecodedStep step;
   model::StepInputs& in = step.inputs;
   if (!r.has_text() || !r.has_anchor() || !r.has_noised() || !r.has_timesteps()) {
@@ -77,6 +104,7 @@ absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
   for (int i = 0; i < r.rope_shifts_size(); ++i) in.rope_shifts[i] = r.rope_shifts(i);
   PRAXIS_ASSIGN_OR_RETURN(step.outputs, DecodeOutputs(r, config));
   PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config, in));
+  PRAXIS_RETURN_IF_ERROR(CheckLimits(in, config, limits));
   return step;
 }
 

@@ -45,12 +45,13 @@ std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> Batcher::SweepLocked
     std::deque<Queued> kept;
     for (Queued& q : it->second) {
       absl::Status why;
-      if (q.task->cancelled()) {
-        why = absl::CancelledError("cancelled while queued");
-        ++stats_.cancelled;
-      } else if (q.task->deadline() <= now) {
+      // The deadline first: gRPC also cancels a call whose deadline passed.
+      if (q.task->deadline() <= now) {
         why = absl::DeadlineExceededError("deadline passed while queued; not computed");
         ++stats_.expired;
+      } else if (q.task->cancelled()) {
+        why = absl::CancelledError("cancelled while queued");
+        ++stats_.cancelled;
       } else if (draining_ && now >= drain_deadline_) {
         why = absl::UnavailableError("server shut down before this request ran");
       }

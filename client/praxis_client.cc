@@ -1,0 +1,171 @@
+#include "client/praxis_client.h"
+
+#include <grpcpp/security/credentials.h>
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+
+namespace praxis::client {
+namespace {
+
+std::chrono::system_clock::time_point After(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientOptions& o) {
+  if (!o.tls && o.tls_ca_file.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!o.tls_ca_file.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(o.tls_ca_file));
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key: expected both or neither");
+  }
+  if (!o.tls_cert_file.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(o.tls_cert_file));
+    PRAXIS_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(o.tls_key_file));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& address,
+                                                       const ClientOptions& options) {
+  PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, Credentials(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_receive_bytes));
+  args.SetMaxSendMessageSize(-1);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return std::unique_ptr<Client>(
+      new Client(grpc::CreateCustomChannel(address, creds, args), options));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::Praxis::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)),
+      options_(std::move(options)) {}
+
+absl::StatusOr<StepReply> Client::Step(const v1::StepRequest& request,
+                                       absl::Duration timeout) const {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  absl::Duration backoff = options_.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<StepReply> r = StepOnce(request, timeout);
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        attempt >= options_.max_attempts) {
+      return r;
+    }
+    const double jitter = std::uniform_real_distribution<double>(0.5, 1.0)(rng);
+    absl::SleepFor(backoff * jitter);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+absl::StatusOr<StepReply> Client::StepOnce(const v1::StepRequest& request,
+                                           absl::Duration timeout) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(After(timeout));
+  std::unique_ptr<grpc::ClientReader<v1::StepResponse>> reader = stub_->Step(&ctx, request);
+  StepAssembler assembler;
+  v1::StepResponse msg;
+  absl::Status protocol;
+  bool complete = false;
+  while (reader->Read(&msg)) {
+    absl::StatusOr<bool> done = assembler.Add(msg);
+    if (!done.ok()) {
+      protocol = done.status();
+      ctx.TryCancel();
+      break;
+    }
+    complete = *done;
+  }
+  const absl::Status status = FromGrpc(reader->Finish());
+  if (!protocol.ok()) return protocol;
+  PRAXIS_RETURN_IF_ERROR(status);
+  if (!complete) return absl::DataLossError("the stream ended without a trailer");
+  return assembler.Take();
+}
+
+absl::StatusOr<v1::ModelInfo> Client::Info(absl::Duration timeout) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(After(timeout));
+  v1::ModelInfo info;
+  PRAXIS_RETURN_IF_ERROR(FromGrpc(stub_->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info)));
+  return info;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
+    const std::string& service, absl::Duration timeout) const {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(After(timeout));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  PRAXIS_RETURN_IF_ERROR(FromGrpc(health_->Check(&ctx, req, &resp)));
+  return resp.status();
+}
+
+std::unique_ptr<Session> Client::OpenSession(absl::Duration timeout) const {
+  return std::make_unique<Session>(*stub_, timeout);
+}
+
+Session::Session(v1::Praxis::Stub& stub, absl::Duration timeout) {
+  ctx_.set_deadline(After(timeout));
+  stream_ = stub.Session(&ctx_);
+}
+
+Session::~Session() {
+  if (!closed_) {
+    ctx_.TryCancel();
+    stream_->Finish().IgnoreError();
+  }
+}
+
+absl::StatusOr<StepReply> Session::Step(const v1::StepRequest& request) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (!broken_.ok()) return broken_;
+  StepAssembler assembler;
+  v1::StepResponse msg;
+  if (stream_->Write(request)) {
+    while (stream_->Read(&msg)) {
+      absl::StatusOr<bool> done = assembler.Add(msg);
+      if (!done.ok()) {
+        if (msg.has_error()) return done.status();  // this step failed; the session goes on
+        broken_ = done.status();
+        ctx_.TryCancel();
+        return broken_;
+      }
+      if (*done) return assembler.Take();
+    }
+  }
+  // The stream ended: its final status says why.
+  closed_ = true;
+  broken_ = FromGrpc(stream_->Finish());
+  if (broken_.ok()) broken_ = absl::DataLossError("the session ended mid-step");
+  return broken_;
+}
+
+absl::Status Session::Close() {
+  if (closed_) return broken_;
+  closed_ = true;
+  stream_->WritesDone();
+  v1::StepResponse msg;
+  while (stream_->Read(&msg)) {
+  }
+  return FromGrpc(stream_->Finish());
+}
+
+}  // namespace praxis::client

@@ -1,0 +1,86 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/step_assembler.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "praxis/v1/praxis.grpc.pb.h"
+
+namespace praxis::client {
+
+// How a Client connects and retries.
+struct ClientOptions {
+  bool tls = false;           // TLS with the system roots, or tls_ca_file's
+  std::string tls_ca_file;    // PEM roots; implies tls
+  std::string tls_cert_file;  // PEM client certificate, for servers that require one
+  std::string tls_key_file;
+  std::string tls_server_name;  // overrides the name checked against the server's certificate
+  int max_attempts = 3;         // per call, counting the first; only UNAVAILABLE is retried
+  absl::Duration initial_backoff = absl::Milliseconds(100);  // doubled per retry, with jitter
+  absl::Duration max_backoff = absl::Seconds(2);
+  int64_t max_receive_bytes = int64_t{64} << 20;  // per message (chunks are ≤ 1 MiB by default)
+};
+
+// The gRPC status as an absl::Status (same codes, same message).
+absl::Status FromGrpc(const grpc::Status& s);
+
+class Session;
+
+// A connection to praxis-server: typed calls over the generated stubs. Step is unary-style over
+// the streaming Step call (the chunks are reassembled and checked); a UNAVAILABLE answer (server
+// warming up, draining, or unreachable) is retried with backoff, since it means the step was not
+// computed. Thread-safe: one Client serves many threads.
+class Client {
+ public:
+  // InvalidArgument for unreadable TLS files. Connecting is lazy; the first call does it.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& address,
+                                                        const ClientOptions& options = {});
+
+  // One step, within `timeout` per attempt. The server's status, or DataLoss for a malformed
+  // answer.
+  absl::StatusOr<StepReply> Step(const v1::StepRequest& request, absl::Duration timeout) const;
+  absl::StatusOr<v1::ModelInfo> Info(absl::Duration timeout) const;
+  // The grpc.health.v1 status of `service` ("" for the whole server).
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
+      const std::string& service, absl::Duration timeout) const;
+  // A Session stream for consecutive steps of one robot; `timeout` bounds the whole session.
+  std::unique_ptr<Session> OpenSession(absl::Duration timeout) const;
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  absl::StatusOr<StepReply> StepOnce(const v1::StepRequest& request, absl::Duration timeout) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Praxis::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  const ClientOptions options_;
+};
+
+// One Session call: steps are sent and answered one at a time, in order. A failed step returns its
+// error and the session goes on; a broken stream returns its final status from then on. Not
+// thread-safe (one robot, one control loop).
+class Session {
+ public:
+  Session(v1::Praxis::Stub& stub, absl::Duration timeout);
+  ~Session();
+
+  absl::StatusOr<StepReply> Step(const v1::StepRequest& request);
+  // Half-closes and returns the call's final status.
+  absl::Status Close();
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
+  bool closed_ = false;
+  absl::Status broken_;
+};
+
+}  // namespace praxis::client

@@ -1,0 +1,95 @@
+#include "client/step_assembler.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/tensor_codec.h"
+
+namespace praxis::client {
+
+absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
+  if (complete_) return absl::DataLossError("message after the trailer");
+  switch (msg.kind_case()) {
+    case v1::StepResponse::kError:
+      return absl::Status(static_cast<absl::StatusCode>(msg.error().code()), msg.error().message());
+    case v1::StepResponse::kHeader:
+      if (have_header_) return absl::DataLossError("a second header");
+      have_header_ = true;
+      reply_.header = msg.header();
+      bytes_.clear();
+      current_ = 0;
+      return false;
+    case v1::StepResponse::kChunk:
+      if (!have_header_) return absl::DataLossError("a chunk before the header");
+      return AddChunk(msg.chunk());
+    case v1::StepResponse::kTrailer: {
+      if (!have_header_) return absl::DataLossError("a trailer before the header");
+      PRAXIS_RETURN_IF_ERROR(SkipEmpty());
+      if (current_ < reply_.header.tensors_size()) {
+        const v1::TensorHeader& t = reply_.header.tensors(current_);
+        return absl::DataLossError(absl::StrCat(t.name(), ": got ", bytes_.size(), " of ",
+                                                t.nbytes(), " bytes before the trailer"));
+      }
+      reply_.trailer = msg.trailer();
+      complete_ = true;
+      return true;
+    }
+    case v1::StepResponse::KIND_NOT_SET:
+      break;
+  }
+  return absl::DataLossError("an empty StepResponse");
+}
+
+absl::Status StepAssembler::Finish() {
+  const v1::TensorHeader& t = reply_.header.tensors(current_);
+  v1::Tensor wire;
+  wire.set_dtype(t.dtype());
+  *wire.mutable_shape() = t.shape();
+  wire.set_data(std::move(bytes_));
+  bytes_.clear();
+  absl::StatusOr<torch::Tensor> tensor = serve::DecodeTensor(wire, t.name());
+  if (!tensor.ok()) return absl::DataLossError(tensor.status().message());
+  reply_.tensors[t.name()] = *std::move(tensor);
+  ++current_;
+  return absl::OkStatus();
+}
+
+absl::Status StepAssembler::SkipEmpty() {
+  while (current_ < reply_.header.tensors_size() && bytes_.empty() &&
+         reply_.header.tensors(current_).nbytes() == 0) {
+    PRAXIS_RETURN_IF_ERROR(Finish());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepAssembler::AddChunk(const v1::TensorChunk& c) {
+  PRAXIS_RETURN_IF_ERROR(SkipEmpty());
+  if (current_ >= reply_.header.tensors_size()) {
+    return absl::DataLossError(absl::StrCat(c.name(), ": a chunk after every tensor was complete"));
+  }
+  const v1::TensorHeader& t = reply_.header.tensors(current_);
+  if (c.name() != t.name()) {
+    return absl::DataLossError(
+        absl::StrCat("chunk of ", c.name(), " while ", t.name(), " was incomplete"));
+  }
+  if (c.offset() != static_cast<int64_t>(bytes_.size())) {
+    return absl::DataLossError(
+        absl::StrCat(t.name(), ": chunk at offset ", c.offset(), ", expected ", bytes_.size()));
+  }
+  if (static_cast<int64_t>(bytes_.size() + c.data().size()) > t.nbytes()) {
+    return absl::DataLossError(
+        absl::StrCat(t.name(), ": chunks exceed the announced ", t.nbytes(), " bytes"));
+  }
+  bytes_.append(c.data());
+  if (static_cast<int64_t>(bytes_.size()) == t.nbytes()) PRAXIS_RETURN_IF_ERROR(Finish());
+  return false;
+}
+
+StepReply StepAssembler::Take() {
+  StepReply r = std::move(reply_);
+  *this = StepAssembler();
+  return r;
+}
+
+}  // namespace praxis::client

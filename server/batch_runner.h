@@ -1,0 +1,18 @@
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/step_runner.h"
+#include "server/batching/task.h"
+#include "server/metrics.h"
+
+namespace praxis::serve {
+
+// The batcher's Runner: stacks the rows of a batch of StepTasks (one layout key), runs the model
+// once, and answers each task with exactly its own rows. If the run fails, every task gets the
+// model's error. Runs on a batcher worker; the tasks must all be StepTasks.
+void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
+                  std::vector<std::unique_ptr<batching::Task>> batch);
+
+}  // namespace praxis::serve

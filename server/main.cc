@@ -1,0 +1,179 @@
+// praxis-server: serves the Praxis video backbone over gRPC (SPEC §7). Flags below; any of them
+// can also come from a file with --flagfile=PATH (one --flag=value per line).
+
+#include <pthread.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "model/model_loader.h"
+#include "model/step_runner.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "address to serve gRPC on");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port; 0 picks a free one (logged at start)");
+ABSL_FLAG(int32_t, metrics_port, 9090, "Prometheus /metrics HTTP port; 0 picks one, -1 disables");
+ABSL_FLAG(std::string, checkpoint, "",
+          "checkpoint directory (config.json + safetensors); empty serves the embedded tiny model");
+ABSL_FLAG(std::string, config, "",
+          "with no --checkpoint: a config.json served with deterministic random weights");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights when no --checkpoint is given");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
+ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16; empty keeps the checkpoint's");
+ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
+ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 keeps LibTorch's default");
+ABSL_FLAG(int64_t, mask_cache_entries, 64, "tower layouts whose masks stay cached");
+ABSL_FLAG(int64_t, max_batch_size, 8, "a batch closes at this many rows");
+ABSL_FLAG(absl::Duration, max_queue_delay, absl::Milliseconds(5),
+          "... or this long after its oldest request arrived");
+ABSL_FLAG(int64_t, max_queue_requests, 1024, "queued requests beyond which RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_queue_bytes, int64_t{1} << 30, "queued input bytes beyond which the same");
+ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request message");
+ABSL_FLAG(int64_t, max_request_rows, 64, "largest client batch B of one request");
+ABSL_FLAG(int64_t, max_text_len, 1024, "longest text L");
+ABSL_FLAG(int64_t, max_grid, 128, "largest latent grid side (h, w, anchor)");
+ABSL_FLAG(int64_t, max_frames, 64, "most latent frames K*F");
+ABSL_FLAG(int64_t, max_tokens, 1 << 17, "longest encoder or decoder sequence");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA; when set, clients must present certificates");
+ABSL_FLAG(int32_t, drain_seconds, 30,
+          "on SIGTERM/SIGINT, finish queued and in-flight steps within this long, then exit 0");
+ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
+          "layout of the warm-up step before SERVING: text_len,h,w,K,F (anchor grid = h x w)");
+
+namespace praxis::serve {
+namespace {
+
+absl::StatusOr<model::WindowLayout> ParseWarmup(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  int64_t v[5];
+  if (parts.size() != 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup: expected text_len,h,w,K,F, got \"", text, "\""));
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (!absl::SimpleAtoi(parts[i], &v[i]) || v[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--warmup: expected positive integers, got \"", text, "\""));
+    }
+  }
+  return model::WindowLayout{.anchor_h = v[1],
+                             .anchor_w = v[2],
+                             .text_len = v[0],
+                             .k = v[3],
+                             .f = v[4],
+                             .h = v[1],
+                             .w = v[2]};
+}
+
+ServerOptions OptionsFromFlags() {
+  ServerOptions o;
+  o.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_address =
+      metrics_port < 0 ? "" : absl::StrCat(absl::GetFlag(FLAGS_host), ":", metrics_port);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.batch.max_batch_rows = absl::GetFlag(FLAGS_max_batch_size);
+  o.batch.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
+  o.batch.max_queue_requests = absl::GetFlag(FLAGS_max_queue_requests);
+  o.batch.max_queue_bytes = absl::GetFlag(FLAGS_max_queue_bytes);
+  o.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  StepLimits& l = o.service.limits;
+  l.max_rows = absl::GetFlag(FLAGS_max_request_rows);
+  l.max_text_len = absl::GetFlag(FLAGS_max_text_len);
+  l.max_grid_h = l.max_grid_w = absl::GetFlag(FLAGS_max_grid);
+  l.max_frames = absl::GetFlag(FLAGS_max_frames);
+  l.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  return o;
+}
+
+// Blocks SIGTERM and SIGINT in every thread started after this, so that sigwait sees them.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+absl::Status Run() {
+  const sigset_t stop_signals = BlockStopSignals();
+  if (absl::GetFlag(FLAGS_threads) > 0) torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout warmup,
+                          ParseWarmup(absl::GetFlag(FLAGS_warmup)));
+  model::BackboneOptions backbone;
+  PRAXIS_ASSIGN_OR_RETURN(backbone.device, model::ParseDevice(absl::GetFlag(FLAGS_device)));
+  PRAXIS_ASSIGN_OR_RETURN(backbone.attention,
+                          model::ParseAttention(absl::GetFlag(FLAGS_attention)));
+  backbone.mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
+  const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
+                                  .config_path = absl::GetFlag(FLAGS_config),
+                                  .seed = absl::GetFlag(FLAGS_seed),
+                                  .dtype = absl::GetFlag(FLAGS_dtype)};
+  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, backbone));
+  const model::BackboneConfig& c = loaded.model->config();
+  ServerOptions options = OptionsFromFlags();
+  auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model));
+  options.model = {
+      loaded.name, runner->device(), runner->dtype(),
+      absl::StrCat("dim ", c.dim, " / encoder ", c.encoder.depth, " / decoder ", c.decoder.depth)};
+  options.config_json = loaded.config_json;
+  PRAXIS_ASSIGN_OR_RETURN(auto server, PraxisServer::Create(options, std::move(runner)));
+  PRAXIS_RETURN_IF_ERROR(server->Warmup(warmup));
+  const StepLimits& l = options.service.limits;
+  std::cout << "praxis-server: serving on " << absl::GetFlag(FLAGS_host) << ":" << server->port()
+            << " metrics "
+            << (server->metrics_port() ? absl::StrCat(server->metrics_port()) : "off") << " model "
+            << options.model.model << " device " << options.model.device << " dtype "
+            << options.model.dtype << " limits batch " << options.batch.max_batch_rows << " delay "
+            << absl::FormatDuration(options.batch.max_queue_delay) << " queue "
+            << options.batch.max_queue_requests << " rows " << l.max_rows << " text "
+            << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
+            << " tokens " << l.max_tokens << std::endl;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));
+  std::cout << "praxis-server: signal " << sig << ", draining (grace "
+            << absl::FormatDuration(grace) << ")" << std::endl;
+  server->Drain(grace);
+  const batching::BatcherStats s = server->batcher_stats();
+  const ServiceCounts n = server->service_counts();
+  std::cout << "praxis-server: stopped after " << s.batches << " batches: " << n.accepted
+            << " steps accepted, " << n.answered_ok << " answered OK" << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace praxis::serve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves the Praxis video backbone over gRPC.\n  praxis-server [--checkpoint DIR] [--port N] "
+      "[--flagfile FILE] ...");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = praxis::serve::Run();
+  if (!s.ok()) {
+    std::cerr << "praxis-server: " << s << std::endl;
+    return 2;
+  }
+  return 0;
+}

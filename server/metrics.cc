@@ -1,0 +1,166 @@
+#include "server/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace praxis::serve {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *b;
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type, double value) {
+  ClientMetric m;
+  (type == MetricType::Counter ? m.counter.value : m.gauge.value) = value;
+  return MetricFamily{std::move(name), std::move(help), type, {m}};
+}
+
+}  // namespace
+
+// Turns LiveValues into metric families at scrape time.
+class ServerMetrics::LiveCollector : public prometheus::Collectable {
+ public:
+  explicit LiveCollector(std::function<LiveValues()> live) : live_(std::move(live)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const LiveValues v = live_();
+    const auto& mc = v.mask_cache;
+    std::vector<MetricFamily> out = {
+        Family("praxis_queue_depth", "Requests queued in the batcher, all layout keys.",
+               MetricType::Gauge, v.queued_requests),
+        Family("praxis_queue_bytes", "Input bytes queued in the batcher.", MetricType::Gauge,
+               v.queued_bytes),
+        Family("praxis_mask_cache_hits_total", "Mask-cache lookups answered by an entry.",
+               MetricType::Counter, mc.hits),
+        Family("praxis_mask_cache_misses_total", "Mask-cache lookups that built the entry.",
+               MetricType::Counter, mc.misses),
+        Family("praxis_mask_cache_evictions_total", "Mask-cache entries evicted.",
+               MetricType::Counter, mc.evictions),
+        Family("praxis_mask_cache_entries", "Tower layouts held in the mask cache.",
+               MetricType::Gauge, mc.entries),
+    };
+    if (v.device_memory_bytes) {
+      out.push_back(Family("praxis_device_memory_bytes",
+                           "Bytes the device allocator holds for the model.", MetricType::Gauge,
+                           static_cast<double>(*v.device_memory_bytes)));
+    }
+    return out;
+  }
+
+ private:
+  std::function<LiveValues()> live_;
+};
+
+ServerMetrics::ServerMetrics(const ModelLabels& model, std::function<LiveValues()> live)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      live_(std::make_shared<LiveCollector>(std::move(live))),
+      requests_(prometheus::BuildCounter()
+                    .Name("praxis_requests_total")
+                    .Help("Finished calls and session steps, by method and status code.")
+                    .Register(*registry_)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("praxis_latency_seconds")
+                   .Help("End-to-end time of a step, accepted to last byte written, by method.")
+                   .Register(*registry_)),
+      queue_(prometheus::BuildHistogram()
+                 .Name("praxis_queue_seconds")
+                 .Help("Time a step waited in the batcher before its batch ran.")
+                 .Register(*registry_)
+                 .Add({}, SecondsBuckets())),
+      compute_(prometheus::BuildHistogram()
+                   .Name("praxis_compute_seconds")
+                   .Help("Model time of one batch.")
+                   .Register(*registry_)
+                   .Add({}, SecondsBuckets())),
+      batch_rows_(prometheus::BuildHistogram()
+                      .Name("praxis_batch_rows")
+                      .Help("Rows of each batch run.")
+                      .Register(*registry_)
+                      .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
+      computed_rows_(prometheus::BuildCounter()
+                         .Name("praxis_computed_rows_total")
+                         .Help("Rows run through the model.")
+                         .Register(*registry_)
+                         .Add({})),
+      received_(prometheus::BuildCounter()
+                    .Name("praxis_received_bytes_total")
+                    .Help("Bytes of step requests received.")
+                    .Register(*registry_)
+                    .Add({})),
+      sent_(prometheus::BuildCounter()
+                .Name("praxis_sent_bytes_total")
+                .Help("Bytes of step responses sent.")
+                .Register(*registry_)
+                .Add({})),
+      serving_(prometheus::BuildGauge()
+                   .Name("praxis_serving")
+                   .Help("1 while the server accepts steps (warmed up, not draining).")
+                   .Register(*registry_)
+                   .Add({})) {
+  prometheus::BuildGauge()
+      .Name("praxis_model_info")
+      .Help("The model this server holds (always 1).")
+      .Register(*registry_)
+      .Add({{"model", model.model},
+            {"device", model.device},
+            {"dtype", model.dtype},
+            {"layers", model.layers}})
+      .Set(1);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+absl::Status ServerMetrics::Expose(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot serve HTTP on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(live_);
+  return absl::OkStatus();
+}
+
+int ServerMetrics::port() const {
+  if (!exposer_) return 0;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void ServerMetrics::CountRequest(absl::string_view method, absl::StatusCode code) {
+  requests_.Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+}
+
+void ServerMetrics::ObserveLatency(absl::string_view method, absl::Duration d) {
+  latency_.Add({{"method", std::string(method)}}, SecondsBuckets())
+      .Observe(absl::ToDoubleSeconds(d));
+}
+
+void ServerMetrics::ObserveQueue(absl::Duration d) { queue_.Observe(absl::ToDoubleSeconds(d)); }
+
+void ServerMetrics::ObserveBatch(int64_t rows, absl::Duration compute) {
+  batch_rows_.Observe(static_cast<double>(rows));
+  compute_.Observe(absl::ToDoubleSeconds(compute));
+  computed_rows_.Increment(static_cast<double>(rows));
+}
+
+void ServerMetrics::AddReceivedBytes(int64_t n) { received_.Increment(static_cast<double>(n)); }
+void ServerMetrics::AddSentBytes(int64_t n) { sent_.Increment(static_cast<double>(n)); }
+void ServerMetrics::SetServing(bool serving) { serving_.Set(serving ? 1 : 0); }
+
+}  // namespace praxis::serve

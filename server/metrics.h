@@ -1,0 +1,82 @@
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "model/mask_cache.h"
+
+namespace praxis::serve {
+
+// Levels read when /metrics is scraped, rather than counted as they happen.
+struct LiveValues {
+  int64_t queued_requests = 0;
+  int64_t queued_bytes = 0;
+  model::MaskCacheStats mask_cache;
+  std::optional<int64_t> device_memory_bytes;
+};
+
+// What praxis_model_info labels.
+struct ModelLabels {
+  std::string model;  // checkpoint directory or "embedded:tiny"
+  std::string device;
+  std::string dtype;
+  std::string layers;  // "encoder 3 / decoder 2 / dim 64"
+};
+
+// The server's Prometheus metrics (SPEC §7) in one registry, served at /metrics by Expose. All
+// methods are thread-safe; `live` is called on the exposer's thread at each scrape.
+class ServerMetrics {
+ public:
+  ServerMetrics(const ModelLabels& model, std::function<LiveValues()> live);
+  ~ServerMetrics();
+
+  // Serves /metrics on `address` ("0.0.0.0:9090"; port 0 picks one). Unavailable naming the
+  // address when the HTTP server cannot start.
+  absl::Status Expose(const std::string& address);
+  // The port Expose bound, or 0 before.
+  int port() const;
+
+  // One finished call or session step, by method ("Step", "Session", "GetModelInfo").
+  void CountRequest(absl::string_view method, absl::StatusCode code);
+  void ObserveLatency(absl::string_view method, absl::Duration d);
+  void ObserveQueue(absl::Duration d);
+  // One batch run: its rows and model time.
+  void ObserveBatch(int64_t rows, absl::Duration compute);
+  void AddReceivedBytes(int64_t n);
+  void AddSentBytes(int64_t n);
+  void SetServing(bool serving);
+
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  class LiveCollector;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<LiveCollector> live_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Histogram& queue_;
+  prometheus::Histogram& compute_;
+  prometheus::Histogram& batch_rows_;
+  prometheus::Counter& computed_rows_;
+  prometheus::Counter& received_;
+  prometheus::Counter& sent_;
+  prometheus::Gauge& serving_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace praxis::serve

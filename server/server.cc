@@ -1,0 +1,135 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "model/step_batch.h"
+#include "server/batch_runner.h"
+
+namespace praxis::serve {
+namespace {
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key: expected both or neither");
+  }
+  if (o.tls_cert_file.empty()) {
+    if (!o.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("tls_client_ca: expected tls_cert and tls_key with it");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  PRAXIS_ASSIGN_OR_RETURN(pair.cert_chain, ReadFileToString(o.tls_cert_file));
+  PRAXIS_ASSIGN_OR_RETURN(pair.private_key, ReadFileToString(o.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!o.tls_client_ca_file.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(o.tls_client_ca_file));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+PraxisServer::PraxisServer(ServerOptions options, std::unique_ptr<model::StepRunner> runner)
+    : options_(std::move(options)), runner_(std::move(runner)) {}
+
+absl::StatusOr<std::unique_ptr<PraxisServer>> PraxisServer::Create(
+    ServerOptions options, std::unique_ptr<model::StepRunner> runner) {
+  std::unique_ptr<PraxisServer> s(new PraxisServer(std::move(options), std::move(runner)));
+  PRAXIS_RETURN_IF_ERROR(s->Start());
+  return s;
+}
+
+absl::Status PraxisServer::Start() {
+  PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, Credentials(options_));
+  metrics_ = std::make_unique<ServerMetrics>(options_.model, [this] {
+    const batching::BatcherStats b = batcher_->stats();
+    return LiveValues{b.queued_requests, b.queued_bytes, runner_->mask_cache_stats(),
+                      runner_->device_memory_bytes()};
+  });
+  if (!options_.metrics_address.empty()) {
+    PRAXIS_RETURN_IF_ERROR(metrics_->Expose(options_.metrics_address));
+  }
+  batcher_ = std::make_unique<batching::Batcher>(
+      options_.batch,
+      [this](std::vector<std::unique_ptr<batching::Task>> batch) {
+        RunStepBatch(*runner_, *metrics_, std::move(batch));
+      },
+      options_.workers);
+  service_ = std::make_unique<PraxisService>(options_.service, runner_->config(), *batcher_,
+                                             *metrics_, Info());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.address, creds, &port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options_.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.address));
+  }
+  // Known by name too, so that probes may ask for the service or for the whole server ("").
+  server_->GetHealthCheckService()->SetServingStatus(v1::Praxis::service_full_name(), false);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  metrics_->SetServing(false);
+  return absl::OkStatus();
+}
+
+PraxisServer::~PraxisServer() {
+  if (server_) Drain(absl::ZeroDuration());
+}
+
+v1::ModelInfo PraxisServer::Info() const {
+  v1::ModelInfo info;
+  info.set_config_json(options_.config_json);
+  info.set_dtype(runner_->dtype());
+  info.set_device(runner_->device());
+  info.set_model(options_.model.model);
+  const StepLimits& l = options_.service.limits;
+  info.set_max_batch_rows(options_.batch.max_batch_rows);
+  info.set_max_request_rows(l.max_rows);
+  info.set_max_text_len(l.max_text_len);
+  info.set_max_grid_h(l.max_grid_h);
+  info.set_max_grid_w(l.max_grid_w);
+  info.set_max_frames(l.max_frames);
+  info.set_max_tokens(l.max_tokens);
+  info.set_max_chunk_bytes(options_.service.max_chunk_bytes);
+  for (const char* o : {"velocity", "cond", "embeddings", "positions"}) info.add_outputs(o);
+  for (size_t i = 0; i < runner_->config().encoder.tap_blocks.size(); ++i) {
+    info.add_outputs(absl::StrCat("tap.", i));
+  }
+  return info;
+}
+
+absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
+  model::StepInputs in = model::SyntheticStep(runner_->config(), layout, 1, /*seed=*/0);
+  PRAXIS_RETURN_IF_ERROR(runner_->Run(in).status());
+  if (drained_) return absl::OkStatus();
+  service_->SetAccepting(true);
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  metrics_->SetServing(true);
+  return absl::OkStatus();
+}
+
+void PraxisServer::Drain(absl::Duration grace) {
+  if (drained_.exchange(true)) return;
+  const absl::Time deadline = absl::Now() + grace;
+  metrics_->SetServing(false);
+  server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and it stays so
+  service_->StartDrain();
+  batcher_->Drain(grace);
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Wait();
+}
+
+}  // namespace praxis::serve

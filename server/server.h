@@ -1,0 +1,80 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/masks.h"
+#include "model/step_runner.h"
+#include "server/batching/batch_policy.h"
+#include "server/batching/batcher.h"
+#include "server/metrics.h"
+#include "server/praxis_service.h"
+
+namespace praxis::serve {
+
+// Everything praxis-server runs, composed (main.cc fills it from flags).
+struct ServerOptions {
+  std::string address = "0.0.0.0:50051";         // port 0 picks one; see PraxisServer::port
+  std::string metrics_address = "0.0.0.0:9090";  // empty: no metrics endpoint
+  std::string tls_cert_file;  // PEM; with tls_key_file, serve TLS instead of plaintext
+  std::string tls_key_file;
+  std::string tls_client_ca_file;  // PEM; when set, clients must present a certificate it signed
+  int64_t max_message_bytes = int64_t{256} << 20;  // largest request gRPC accepts
+  batching::BatchOptions batch;
+  ServiceOptions service;
+  int workers = 1;  // batcher workers (one per device)
+  ModelLabels model;
+  std::string config_json;  // the model's config.json, returned by GetModelInfo
+};
+
+// praxis-server: praxis.v1.Praxis, grpc.health.v1.Health and server reflection on one gRPC port,
+// the batcher, and /metrics, around one StepRunner it owns.
+//
+// Lifecycle: Create (listening; health NOT_SERVING; steps refused UNAVAILABLE) → Warmup (SERVING)
+// → Drain (NOT_SERVING; new steps refused UNAVAILABLE; queued and in-flight steps finished within
+// the grace) → destruction. Thread-safe.
+class PraxisServer {
+ public:
+  // Unavailable naming the address when a port cannot be bound; InvalidArgument for bad TLS files.
+  static absl::StatusOr<std::unique_ptr<PraxisServer>> Create(
+      ServerOptions options, std::unique_ptr<model::StepRunner> runner);
+  // Drains with no grace if Drain was not called.
+  ~PraxisServer();
+  PraxisServer(const PraxisServer&) = delete;
+  PraxisServer& operator=(const PraxisServer&) = delete;
+
+  // Runs one synthetic step of `layout` (both towers) so that the first request pays no lazy
+  // initialisation, then serves. The error of the step if it fails (the server stays NOT_SERVING).
+  absl::Status Warmup(const model::WindowLayout& layout);
+  // Stops serving and finishes the accepted work within `grace` (SPEC §7). Idempotent.
+  void Drain(absl::Duration grace);
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_->port(); }
+  ServerMetrics& metrics() { return *metrics_; }
+  const model::StepRunner& model() const { return *runner_; }
+  batching::BatcherStats batcher_stats() const { return batcher_->stats(); }
+  ServiceCounts service_counts() const { return service_->counts(); }
+
+ private:
+  explicit PraxisServer(ServerOptions options, std::unique_ptr<model::StepRunner> runner);
+  absl::Status Start();
+  v1::ModelInfo Info() const;
+
+  const ServerOptions options_;
+  std::unique_ptr<model::StepRunner> runner_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<batching::Batcher> batcher_;
+  std::unique_ptr<PraxisService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<bool> drained_{false};
+};
+
+}  // namespace praxis::serve

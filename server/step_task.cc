@@ -1,0 +1,42 @@
+#include "server/step_task.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "model/step_batch.h"
+
+namespace praxis::serve {
+
+StepTask::StepTask(DecodedStep step, absl::Time deadline,
+                   std::shared_ptr<const std::atomic<bool>> cancelled, Done done)
+    : step_(std::move(step)),
+      layout_key_(model::LayoutKey(step_.inputs)),
+      deadline_(deadline),
+      accepted_(absl::Now()),
+      cancelled_(std::move(cancelled)),
+      done_(std::move(done)) {
+  const model::StepInputs& in = step_.inputs;
+  for (const torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
+    if (t->defined()) bytes_ += t->nbytes();
+  }
+}
+
+StepTask::~StepTask() {
+  if (done_) {  // a broken invariant: every accepted task is answered exactly once
+    std::fprintf(stderr, "StepTask destroyed without an answer\n");
+    std::abort();
+  }
+}
+
+void StepTask::Complete(absl::StatusOr<StepResult> result) {
+  if (!done_) {
+    std::fprintf(stderr, "StepTask answered twice\n");
+    std::abort();
+  }
+  Done done = std::move(done_);
+  done_ = nullptr;
+  done(std::move(result));
+}
+
+}  // namespace praxis::serve

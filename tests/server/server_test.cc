@@ -1,0 +1,501 @@
+// The real server on 127.0.0.1:0 with the tiny model, through the real client (issue 4's tests).
+
+#include "server/server.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/praxis_client.h"
+#include "model/model_loader.h"
+#include "model/step_batch.h"
+#include "server/tensor_codec.h"
+#include "tests/server/gated_runner.h"
+#include "tests/server/malformed_requests.h"
+#include "tests/server/metrics_text.h"
+
+namespace praxis::serve {
+namespace {
+
+using client::Client;
+using client::StepReply;
+using fixtures::GatedRunner;
+using grpc::health::v1::HealthCheckResponse;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+constexpr int64_t kChunkBytes = 4096;
+constexpr int64_t kQueueRequests = 40;
+
+// Three layouts of the tiny model: K = 2, K = 1 with F = 2, K = 3.
+const model::WindowLayout kLayouts[] = {
+    {.anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4},
+    {.anchor_h = 2, .anchor_w = 2, .text_len = 7, .k = 1, .f = 2, .h = 4, .w = 4},
+    {.anchor_h = 4, .anchor_w = 4, .text_len = 3, .k = 3, .f = 1, .h = 2, .w = 5},
+};
+
+std::unique_ptr<model::VideoBackbone> TinyModel() {
+  return std::move(model::LoadModel({}, {}).value().model);
+}
+
+// Polls `done` every millisecond for at most `timeout`; for states with no event to wait on.
+template <typename F>
+bool Eventually(F done, absl::Duration timeout = absl::Seconds(60)) {
+  for (const absl::Time end = absl::Now() + timeout; absl::Now() < end;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto gate =
+        std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
+    gate_ = gate.get();
+    reference_ = TinyModel().release();
+    ServerOptions o;
+    o.address = "127.0.0.1:0";
+    o.metrics_address = "127.0.0.1:0";
+    o.batch.max_batch_rows = 8;
+    o.batch.max_queue_delay = absl::Milliseconds(20);
+    o.batch.max_queue_requests = kQueueRequests;
+    o.service.max_chunk_bytes = kChunkBytes;
+    o.max_message_bytes = 4 << 20;
+    o.model = {"embedded:tiny", "cpu", "float32", "tiny"};
+    o.config_json = model::kEmbeddedTinyConfig;
+    server_ = PraxisServer::Create(o, std::move(gate)).value().release();
+    ASSERT_TRUE(server_->Warmup(kLayouts[0]).ok());
+    client::ClientOptions co;
+    co.max_attempts = 1;
+    client_ = Client::Create(absl::StrCat("127.0.0.1:", server_->port()), co).value().release();
+  }
+  static void TearDownTestSuite() {
+    server_->Drain(absl::Seconds(10));
+    delete client_;
+    delete server_;
+    delete reference_;
+  }
+  void TearDown() override { gate_->Open(); }
+
+  static const model::BackboneConfig& config() { return reference_->config(); }
+
+  // A request of `rows` rows for `layout` with inputs drawn from `seed`, asking for every output.
+  static v1::StepRequest Request(const model::WindowLayout& layout, uint64_t seed,
+                                 bool decode = true, int64_t rows = 1) {
+    const model::StepInputs in = model::SyntheticStep(config(), layout, rows, seed);
+    v1::StepRequest r;
+    *r.mutable_text() = *EncodeTensor(in.text, v1::FLOAT32);
+    *r.mutable_anchor() = *EncodeTensor(in.anchor, v1::FLOAT32);
+    if (in.clean.defined()) *r.mutable_clean() = *EncodeTensor(in.clean, v1::FLOAT32);
+    *r.mutable_noised() = *EncodeTensor(in.noised, v1::FLOAT32);
+    *r.mutable_timesteps() = *EncodeTensor(in.timesteps, v1::FLOAT32);
+    r.set_frames_per_chunk(layout.f);
+    r.set_decode(decode);
+    v1::OutputSelection* o = r.mutable_outputs();
+    o->set_velocity(decode);
+    o->set_cond(true);
+    o->set_all_taps(true);
+    o->set_embeddings(true);
+    o->set_positions(true);
+    r.set_request_id(absl::StrCat("req-", seed));
+    return r;
+  }
+
+  // What the in-process forward gives for `r`, by output name.
+  static std::map<std::string, torch::Tensor> Expected(const v1::StepRequest& r) {
+    const DecodedStep d = DecodeStepRequest(r, config()).value();
+    const model::BackboneOutput o = reference_->Forward(d.inputs).value();
+    std::map<std::string, torch::Tensor> m;
+    if (o.velocity.defined()) m["velocity"] = o.velocity;
+    m["cond"] = o.cond;
+    for (size_t i = 0; i < o.features.taps.size(); ++i)
+      m[absl::StrCat("tap.", i)] = o.features.taps[i];
+    m["embeddings"] = o.features.embeddings;
+    m["positions"] = o.features.positions;
+    return m;
+  }
+
+  static absl::StatusOr<StepReply> Step(const v1::StepRequest& r,
+                                        absl::Duration timeout = kTimeout) {
+    return client_->Step(r, timeout);
+  }
+
+  static std::string Metrics() { return fixtures::HttpGet(server_->metrics_port(), "/metrics"); }
+
+  static inline GatedRunner* gate_ = nullptr;
+  static inline model::VideoBackbone* reference_ = nullptr;
+  static inline PraxisServer* server_ = nullptr;
+  static inline Client* client_ = nullptr;
+};
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+TEST_F(ServerTest, HealthIsServingAndModelInfoDescribesTheModel) {
+  EXPECT_EQ(client_->Health("", kTimeout).value(), HealthCheckResponse::SERVING);
+  EXPECT_EQ(client_->Health("praxis.v1.Praxis", kTimeout).value(), HealthCheckResponse::SERVING);
+  const v1::ModelInfo info = client_->Info(kTimeout).value();
+  EXPECT_EQ(info.dtype(), "float32");
+  EXPECT_EQ(info.device(), "cpu");
+  EXPECT_EQ(info.model(), "embedded:tiny");
+  EXPECT_EQ(info.max_batch_rows(), 8);
+  EXPECT_EQ(info.max_chunk_bytes(), kChunkBytes);
+  EXPECT_TRUE(absl::StrContains(info.config_json(), "\"backbone\""));
+  EXPECT_EQ(
+      std::vector<std::string>(info.outputs().begin(), info.outputs().end()),
+      (std::vector<std::string>{"velocity", "cond", "embeddings", "positions", "tap.0", "tap.1"}));
+}
+
+// The reflection service answers list_services (ServerReflectionRequest field 7) with our
+// services. Raw bytes over a generic call: this binary cannot also compile reflection.proto.
+TEST_F(ServerTest, ReflectionListsTheServices) {
+  grpc::GenericStub stub(client_->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+  grpc::CompletionQueue cq;
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto wait = [&cq] {
+    void* tag;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok;
+  };
+  call->StartCall(nullptr);
+  ASSERT_TRUE(wait());
+  const char list_services[] = {0x3a, 0x00};  // field 7, length-delimited, empty
+  grpc::Slice slice(list_services, sizeof list_services);
+  call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
+  ASSERT_TRUE(wait());
+  call->WritesDone(nullptr);
+  ASSERT_TRUE(wait());
+  grpc::ByteBuffer reply;
+  call->Read(&reply, nullptr);
+  ASSERT_TRUE(wait());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_TRUE(absl::StrContains(bytes, "praxis.v1.Praxis"));
+  EXPECT_TRUE(absl::StrContains(bytes, "grpc.health.v1.Health"));
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  ASSERT_TRUE(wait());
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(ServerTest, ServedOutputsEqualTheInProcessForwardBitForBit) {
+  int cases = 0;
+  for (const model::WindowLayout& l : kLayouts) {
+    for (bool decode : {true, false}) {
+      v1::StepRequest r = Request(l, 100 + cases, decode, /*rows=*/1 + cases % 2);
+      if (cases % 3 == 2) {
+        for (int64_t s : {3, 1, 4, 1}) r.add_rope_shifts(s);
+      }
+      ++cases;
+      const absl::StatusOr<StepReply> reply = Step(r);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      const std::map<std::string, torch::Tensor> want = Expected(r);
+      ASSERT_EQ(reply->tensors.size(), want.size());
+      for (const auto& [name, expected] : want) {
+        const torch::Tensor& got = reply->tensors.at(name);
+        EXPECT_EQ(got.scalar_type(), expected.scalar_type()) << name;
+        EXPECT_TRUE(torch::equal(got, expected))
+            << name << " differs by " << MaxAbsDiff(got, expected);
+      }
+      EXPECT_EQ(reply->header.request_id(), r.request_id());
+      EXPECT_EQ(reply->header.n_chunks(), l.k);
+      EXPECT_EQ(reply->header.tokens_per_frame(), l.h * l.w);
+      EXPECT_EQ(reply->header.has_clean_span(), l.k > 1);
+      EXPECT_FALSE(reply->header.layout_key().empty());
+    }
+  }
+}
+
+TEST_F(ServerTest, BfloatWireDtypeCarriesTheRoundedOutputs) {
+  v1::StepRequest r = Request(kLayouts[0], 7);
+  r.set_wire_dtype(v1::BFLOAT16);
+  const absl::StatusOr<StepReply> reply = Step(r);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  for (const auto& [name, expected] : Expected(r)) {
+    const torch::Tensor& got = reply->tensors.at(name);
+    if (name == "positions") {
+      EXPECT_TRUE(torch::equal(got, expected));
+    } else {
+      EXPECT_EQ(got.scalar_type(), torch::kBFloat16) << name;
+      EXPECT_TRUE(torch::equal(got, expected.to(torch::kBFloat16))) << name;
+    }
+  }
+}
+
+// Only what was asked for is sent, and every chunk respects the limit.
+TEST_F(ServerTest, OutputsArriveInBoundedContiguousChunks) {
+  v1::StepRequest r = Request(kLayouts[2], 8, true, /*rows=*/3);
+  r.mutable_outputs()->Clear();
+  r.mutable_outputs()->set_velocity(true);
+  r.mutable_outputs()->add_taps(1);
+  auto stub = v1::Praxis::NewStub(client_->channel());
+  grpc::ClientContext ctx;
+  auto reader = stub->Step(&ctx, r);
+  v1::StepResponse msg;
+  std::vector<std::string> kinds;
+  std::map<std::string, int64_t> received;
+  int max_chunks_per_tensor = 0;
+  std::map<std::string, int> chunks;
+  while (reader->Read(&msg)) {
+    if (msg.has_header()) {
+      kinds.push_back("header");
+      ASSERT_EQ(msg.header().tensors_size(), 2);
+      EXPECT_EQ(msg.header().tensors(0).name(), "velocity");
+      EXPECT_EQ(msg.header().tensors(1).name(), "tap.1");
+    } else if (msg.has_chunk()) {
+      const v1::TensorChunk& c = msg.chunk();
+      EXPECT_LE(static_cast<int64_t>(c.data().size()), kChunkBytes);
+      EXPECT_EQ(c.offset(), received[c.name()]);
+      received[c.name()] += c.data().size();
+      max_chunks_per_tensor = std::max(max_chunks_per_tensor, ++chunks[c.name()]);
+    } else if (msg.has_trailer()) {
+      kinds.push_back("trailer");
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(kinds, (std::vector<std::string>{"header", "trailer"}));
+  // velocity: 3 x 4 x 3 x 4 x 10 floats = 5760 bytes; tap.1: 3 x 97 x 64 floats.
+  EXPECT_EQ(received["velocity"], 3 * 4 * 3 * 4 * 10 * 4);
+  EXPECT_GT(max_chunks_per_tensor, 1);
+}
+
+TEST_F(ServerTest, ConcurrentCallersEachGetTheirOwnRows) {
+  constexpr int kCallers = 32;
+  std::vector<v1::StepRequest> requests;
+  std::vector<std::map<std::string, torch::Tensor>> expected;
+  for (int i = 0; i < kCallers; ++i) {
+    requests.push_back(Request(kLayouts[i % 3], 1000 + i));
+    expected.push_back(Expected(requests.back()));
+  }
+  const std::string before = Metrics();
+  gate_->Close();  // hold the first batch so the others queue up and batch together
+  std::vector<absl::StatusOr<StepReply>> replies(kCallers, absl::UnknownError("not run"));
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] { replies[i] = Step(requests[i]); });
+  }
+  ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests >= kCallers - 8; }));
+  gate_->Open();
+  for (std::thread& t : callers) t.join();
+  int32_t max_batch = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    ASSERT_TRUE(replies[i].ok()) << i << ": " << replies[i].status();
+    EXPECT_EQ(replies[i]->header.request_id(), requests[i].request_id());
+    max_batch = std::max(max_batch, replies[i]->header.batch_rows());
+    for (const auto& [name, want] : expected[i]) {
+      const torch::Tensor& got = replies[i]->tensors.at(name);
+      EXPECT_LE(MaxAbsDiff(got, want), 1e-5) << "caller " << i << " " << name;
+      // Not some other caller's rows: those of the same layout differ by far more.
+      if (name == "cond") {
+        EXPECT_GT(MaxAbsDiff(got, expected[i >= 3 ? i - 3 : i + 3][name]), 1e-2);
+      }
+    }
+  }
+  EXPECT_GT(max_batch, 1);
+  const std::string after = Metrics();
+  const double batches = *fixtures::Sample(after, "praxis_batch_rows_count") -
+                         fixtures::Sample(before, "praxis_batch_rows_count").value_or(0);
+  const double solo =
+      *fixtures::Sample(after, "praxis_batch_rows_bucket", {{"le", "1"}}) -
+      fixtures::Sample(before, "praxis_batch_rows_bucket", {{"le", "1"}}).value_or(0);
+  EXPECT_LT(solo, batches) << "the batch-size histogram shows no batch > 1";
+  EXPECT_LT(batches, kCallers);
+}
+
+TEST_F(ServerTest, FullQueueIsRefusedAtOnceWithResourceExhausted) {
+  const int64_t entered = gate_->batches_entered();
+  gate_->Close();
+  std::vector<absl::StatusOr<StepReply>> replies(kQueueRequests + 1, absl::UnknownError(""));
+  std::vector<std::thread> callers;
+  callers.emplace_back([&] { replies[0] = Step(Request(kLayouts[0], 1)); });
+  ASSERT_TRUE(gate_->WaitEntered(entered + 1));  // the first runs (held at the gate)
+  for (int i = 1; i <= kQueueRequests; ++i) {
+    callers.emplace_back([&, i] { replies[i] = Step(Request(kLayouts[i % 3], i)); });
+  }
+  ASSERT_TRUE(
+      Eventually([&] { return server_->batcher_stats().queued_requests == kQueueRequests; }));
+  const absl::StatusOr<StepReply> refused = Step(Request(kLayouts[1], 99));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "queue full"));
+  gate_->Open();
+  for (std::thread& t : callers) t.join();
+  for (const auto& r : replies) EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(*fixtures::Sample(Metrics(), "praxis_requests_total",
+                              {{"method", "Step"}, {"code", "RESOURCE_EXHAUSTED"}}),
+            1);
+}
+
+TEST_F(ServerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
+  const int64_t entered = gate_->batches_entered();
+  const int64_t rows_before = gate_->rows_run();
+  const double computed_before = *fixtures::Sample(Metrics(), "praxis_computed_rows_total");
+  gate_->Close();
+  absl::StatusOr<StepReply> first = absl::UnknownError("");
+  std::thread runner([&] { first = Step(Request(kLayouts[0], 2)); });
+  ASSERT_TRUE(gate_->WaitEntered(entered + 1));
+  const absl::StatusOr<StepReply> late = Step(Request(kLayouts[1], 3), absl::Milliseconds(300));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  gate_->Open();
+  runner.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 0; }));
+  EXPECT_EQ(gate_->rows_run(), rows_before + 1);  // the first request only
+  EXPECT_EQ(*fixtures::Sample(Metrics(), "praxis_computed_rows_total"), computed_before + 1);
+  EXPECT_GE(server_->batcher_stats().expired, 1);
+}
+
+TEST_F(ServerTest, CancelledWhileQueuedIsNeverComputed) {
+  const int64_t entered = gate_->batches_entered();
+  const int64_t rows_before = gate_->rows_run();
+  gate_->Close();
+  absl::StatusOr<StepReply> first = absl::UnknownError("");
+  std::thread runner([&] { first = Step(Request(kLayouts[0], 4)); });
+  ASSERT_TRUE(gate_->WaitEntered(entered + 1));
+  auto stub = v1::Praxis::NewStub(client_->channel());
+  grpc::ClientContext ctx;
+  grpc::Status cancelled_status;
+  std::thread cancelled([&] {
+    auto reader = stub->Step(&ctx, Request(kLayouts[1], 5));
+    v1::StepResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    cancelled_status = reader->Finish();
+  });
+  ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 1; }));
+  ctx.TryCancel();
+  cancelled.join();
+  EXPECT_EQ(cancelled_status.error_code(), grpc::StatusCode::CANCELLED);
+  gate_->Open();
+  runner.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 0; }));
+  EXPECT_EQ(gate_->rows_run(), rows_before + 1);
+}
+
+TEST_F(ServerTest, MalformedRequestsAreRefusedNamingTheFieldAndTheServerServesOn) {
+  const std::vector<fixtures::Malformed> cases = fixtures::MalformedCases();
+  ASSERT_GE(cases.size(), 25u);
+  for (const fixtures::Malformed& c : cases) {
+    v1::StepRequest r = fixtures::Valid();
+    c.mutate(r);
+    const absl::StatusOr<StepReply> reply = Step(r);
+    ASSERT_FALSE(reply.ok()) << c.name;
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_TRUE(absl::StartsWith(reply.status().message(), c.field))
+        << c.name << ": " << reply.status().message();
+  }
+  // Over --max_message_bytes (4 MiB here): gRPC itself refuses it before our code sees it.
+  v1::StepRequest huge = fixtures::Valid();
+  huge.mutable_text()->mutable_data()->resize(5 << 20);
+  EXPECT_EQ(Step(huge).status().code(), absl::StatusCode::kResourceExhausted);
+  const absl::StatusOr<StepReply> ok = Step(fixtures::Valid());
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST_F(ServerTest, SessionAnswersStepsInOrderAndSurvivesABadStep) {
+  std::unique_ptr<client::Session> session = client_->OpenSession(kTimeout);
+  for (int i = 0; i < 4; ++i) {
+    v1::StepRequest r = Request(kLayouts[i % 3], 300 + i);
+    if (i == 2) {
+      r.set_frames_per_chunk(0);
+      const absl::StatusOr<StepReply> bad = session->Step(r);
+      EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StartsWith(bad.status().message(), "frames_per_chunk"));
+      continue;
+    }
+    const absl::StatusOr<StepReply> reply = session->Step(r);
+    ASSERT_TRUE(reply.ok()) << i << ": " << reply.status();
+    EXPECT_EQ(reply->header.request_id(), r.request_id());
+    for (const auto& [name, want] : Expected(r)) {
+      EXPECT_TRUE(torch::equal(reply->tensors.at(name), want)) << i << " " << name;
+    }
+  }
+  EXPECT_TRUE(session->Close().ok());
+}
+
+TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
+  ASSERT_TRUE(Step(Request(kLayouts[0], 11)).ok());
+  ASSERT_TRUE(Step(Request(kLayouts[0], 12)).ok());
+  const std::string m = Metrics();
+  ASSERT_FALSE(m.empty());
+  using fixtures::Sample;
+  EXPECT_GE(Sample(m, "praxis_requests_total", {{"method", "Step"}, {"code", "OK"}}).value_or(0),
+            2);
+  EXPECT_GE(Sample(m, "praxis_latency_seconds_count", {{"method", "Step"}}).value_or(0), 2);
+  EXPECT_GE(Sample(m, "praxis_queue_seconds_count").value_or(0), 2);
+  EXPECT_GE(Sample(m, "praxis_compute_seconds_count").value_or(0), 1);
+  EXPECT_GE(Sample(m, "praxis_batch_rows_count").value_or(0), 1);
+  EXPECT_GE(Sample(m, "praxis_mask_cache_hits_total").value_or(0), 1);
+  EXPECT_GE(Sample(m, "praxis_mask_cache_misses_total").value_or(0), 1);
+  EXPECT_GE(Sample(m, "praxis_mask_cache_entries").value_or(0), 1);
+  EXPECT_TRUE(Sample(m, "praxis_mask_cache_evictions_total").has_value());
+  EXPECT_EQ(Sample(m, "praxis_queue_depth"), 0);
+  EXPECT_TRUE(Sample(m, "praxis_queue_bytes").has_value());
+  EXPECT_EQ(Sample(m, "praxis_model_info", {{"model", "embedded:tiny"}, {"dtype", "float32"}}), 1);
+  EXPECT_GT(Sample(m, "praxis_received_bytes_total").value_or(0), 0);
+  EXPECT_GT(Sample(m, "praxis_sent_bytes_total").value_or(0), 0);
+  EXPECT_EQ(Sample(m, "praxis_serving"), 1);
+}
+
+// A second server, without a metrics endpoint: the lifecycle around warm-up and drain.
+TEST(ServerLifecycleTest, NotServingUntilWarmAndDrainFinishesAcceptedWork) {
+  auto owned =
+      std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
+  GatedRunner* gate = owned.get();
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.metrics_address = "";
+  o.batch.max_queue_delay = absl::Milliseconds(1);
+  auto server = PraxisServer::Create(o, std::move(owned)).value();
+  client::ClientOptions co;
+  co.max_attempts = 1;
+  auto client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
+  const v1::StepRequest r = fixtures::Valid();
+
+  EXPECT_EQ(client->Health("", kTimeout).value(), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(client->Step(r, kTimeout).status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(server->Warmup(kLayouts[0]).ok());
+  EXPECT_EQ(client->Health("", kTimeout).value(), HealthCheckResponse::SERVING);
+
+  std::unique_ptr<client::Session> idle = client->OpenSession(kTimeout);
+  ASSERT_TRUE(idle->Step(r).ok());
+  const int64_t entered = gate->batches_entered();
+  gate->Close();
+  absl::StatusOr<StepReply> running = absl::UnknownError(""), queued = absl::UnknownError("");
+  std::thread a([&] { running = client->Step(r, kTimeout); });
+  ASSERT_TRUE(gate->WaitEntered(entered + 1));
+  std::thread b([&] { queued = client->Step(r, kTimeout); });
+  ASSERT_TRUE(Eventually([&] { return server->batcher_stats().queued_requests == 1; }));
+  std::thread drain([&] { server->Drain(absl::Seconds(30)); });
+  ASSERT_TRUE(Eventually([&] {
+    auto h = client->Health("", kTimeout);
+    return h.ok() && *h == HealthCheckResponse::NOT_SERVING;
+  }));
+  EXPECT_EQ(client->Step(r, kTimeout).status().code(), absl::StatusCode::kUnavailable);
+  gate->Open();
+  a.join();
+  b.join();
+  drain.join();
+  EXPECT_TRUE(running.ok()) << running.status();
+  EXPECT_TRUE(queued.ok()) << queued.status();
+  EXPECT_FALSE(idle->Step(r).ok());  // the idle session was ended by the drain
+}
+
+}  // namespace
+}  // namespace praxis::serve
