@@ -13,7 +13,7 @@ DEB_PACKAGES=(
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libssl-dev zlib1g-dev libc-ares-dev libre2-dev
-  python3-venv curl
+  python3-venv curl openssl
 )
 
 missing=()

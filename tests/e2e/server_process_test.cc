@@ -186,5 +186,32 @@ TEST(ServerProcessTest, SigtermUnderLoadLosesNoAcceptedRequest) {
       << "client saw " << ok << " OK; server said: " << p.log();
 }
 
+// TLS with a certificate made for this test: a TLS client gets through, a plaintext one does not.
+TEST(ServerProcessTest, ServesTlsWithTheGivenCertificate) {
+  char dir_template[] = "/tmp/praxis-tls-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  const std::string openssl = absl::StrCat(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext "
+      "subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout ",
+      key, " -out ", cert, " 2>/dev/null");
+  ASSERT_EQ(std::system(openssl.c_str()), 0) << openssl;
+  ServerProcess p({"--tls_cert=" + cert, "--tls_key=" + key});
+  ASSERT_GT(p.pid(), 0) << "set PRAXIS_SERVER_BIN";
+  ASSERT_TRUE(p.WaitServing()) << p.log();
+  client::ClientOptions tls;
+  tls.tls_ca_file = cert;
+  tls.max_attempts = 1;
+  auto secure = client::Client::Create(absl::StrCat("127.0.0.1:", p.port()), tls).value();
+  const absl::StatusOr<client::StepReply> r = secure->Step(fixtures::Valid(), kTimeout);
+  EXPECT_TRUE(r.ok()) << r.status();
+  auto plain = Connect(p.port());
+  EXPECT_EQ(plain->Step(fixtures::Valid(), absl::Seconds(10)).status().code(),
+            absl::StatusCode::kUnavailable);
+  kill(p.pid(), SIGTERM);
+  EXPECT_EQ(p.WaitExit(), 0) << p.log();
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
 }  // namespace
 }  // namespace praxis::serve
