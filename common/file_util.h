@@ -53,4 +53,14 @@ inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return text.str();
 }
 
+// Replaces `path`'s contents with `bytes`; Internal naming the file (and the system's reason).
+inline absl::Status WriteStringToFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  out << bytes;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
 }  // namespace praxis

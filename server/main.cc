@@ -14,12 +14,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "model/model_loader.h"
+#include "model/step_io.h"
 #include "model/step_runner.h"
 #include "server/server.h"
 
@@ -59,28 +58,6 @@ ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
 namespace praxis::serve {
 namespace {
 
-absl::StatusOr<model::WindowLayout> ParseWarmup(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ',');
-  int64_t v[5];
-  if (parts.size() != 5) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--warmup: expected text_len,h,w,K,F, got \"", text, "\""));
-  }
-  for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(parts[i], &v[i]) || v[i] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--warmup: expected positive integers, got \"", text, "\""));
-    }
-  }
-  return model::WindowLayout{.anchor_h = v[1],
-                             .anchor_w = v[2],
-                             .text_len = v[0],
-                             .k = v[3],
-                             .f = v[4],
-                             .h = v[1],
-                             .w = v[2]};
-}
-
 ServerOptions OptionsFromFlags() {
   ServerOptions o;
   o.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
@@ -119,7 +96,7 @@ absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   if (absl::GetFlag(FLAGS_threads) > 0) torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout warmup,
-                          ParseWarmup(absl::GetFlag(FLAGS_warmup)));
+                          model::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
   model::BackboneOptions backbone;
   PRAXIS_ASSIGN_OR_RETURN(backbone.device, model::ParseDevice(absl::GetFlag(FLAGS_device)));
   PRAXIS_ASSIGN_OR_RETURN(backbone.attention,

@@ -10,13 +10,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "model/backbone.h"
 #include "model/model_loader.h"
 #include "model/safetensors.h"
+#include "model/step_io.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, config, "",
@@ -41,31 +40,9 @@ namespace praxis::model {
 namespace {
 
 absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
-  PRAXIS_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
-  StepInputs in;
-  auto get = [&](const char* name) { return file->Get(name).value_or(torch::Tensor()); };
-  in.text = get("text");
-  in.anchor = get("anchor");
-  in.clean = get("clean");
-  in.noised = get("noised");
-  in.timesteps = get("timesteps");
-  in.frames_per_chunk = absl::GetFlag(FLAGS_frames_per_chunk);
-  if (in.frames_per_chunk == 0) {
-    const torch::Tensor f = get("frames_per_chunk");
-    if (!f.defined() || f.numel() != 1) {
-      return absl::InvalidArgumentError(
-          "frames_per_chunk: give --frames_per_chunk or a one-element tensor in the inputs");
-    }
-    in.frames_per_chunk = f.item<int64_t>();
-  }
-  std::vector<std::string> parts = absl::StrSplit(absl::GetFlag(FLAGS_rope_shifts), ',');
-  if (parts.size() != 4) return absl::InvalidArgumentError("--rope_shifts: expected 4 integers");
-  for (int i = 0; i < 4; ++i) {
-    if (!absl::SimpleAtoi(parts[i], &in.rope_shifts[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--rope_shifts: '", parts[i], "' is not an integer"));
-    }
-  }
+  PRAXIS_ASSIGN_OR_RETURN(StepInputs in,
+                          ReadStepInputs(path, absl::GetFlag(FLAGS_frames_per_chunk)));
+  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts)));
   in.decode = absl::GetFlag(FLAGS_decode);
   return in;
 }
@@ -86,14 +63,7 @@ absl::Status Run() {
   VideoBackbone* model = loaded.model.get();
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadInputs(absl::GetFlag(FLAGS_inputs)));
   PRAXIS_ASSIGN_OR_RETURN(BackboneOutput out, model->Forward(in));
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  if (out.velocity.defined()) tensors.emplace_back("velocity", out.velocity);
-  tensors.emplace_back("cond", out.cond);
-  for (size_t i = 0; i < out.features.taps.size(); ++i) {
-    tensors.emplace_back(absl::StrCat("tap.", i), out.features.taps[i]);
-  }
-  tensors.emplace_back("embeddings", out.features.embeddings);
-  tensors.emplace_back("positions", out.features.positions);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = NamedOutputs(out);
   for (auto& [name, t] : tensors) t = t.to(torch::kCPU).contiguous();
   const auto& f = out.features;
   std::map<std::string, std::string> metadata = {

@@ -17,6 +17,7 @@
 #include "client/praxis_client.h"
 #include "model/model_loader.h"
 #include "model/step_batch.h"
+#include "model/step_io.h"
 #include "server/tensor_codec.h"
 #include "tests/server/gated_runner.h"
 #include "tests/server/malformed_requests.h"
@@ -115,12 +116,7 @@ class ServerTest : public ::testing::Test {
     const DecodedStep d = DecodeStepRequest(r, config()).value();
     const model::BackboneOutput o = reference_->Forward(d.inputs).value();
     std::map<std::string, torch::Tensor> m;
-    if (o.velocity.defined()) m["velocity"] = o.velocity;
-    m["cond"] = o.cond;
-    for (size_t i = 0; i < o.features.taps.size(); ++i)
-      m[absl::StrCat("tap.", i)] = o.features.taps[i];
-    m["embeddings"] = o.features.embeddings;
-    m["positions"] = o.features.positions;
+    for (auto& [name, t] : model::NamedOutputs(o)) m[name] = t;
     return m;
   }
 
