@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_receive_bytes));
   args.SetMaxSendMessageSize(-1);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

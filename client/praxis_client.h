@@ -25,6 +25,7 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);  // doubled per retry, with jitter
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_receive_bytes = int64_t{64} << 20;  // per message (chunks are ≤ 1 MiB by default)
+  bool own_connection = false;  // a TCP connection of its own, not shared with other Clients
 };
 
 // The gRPC status as an absl::Status (same codes, same message).

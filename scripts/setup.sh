@@ -40,6 +40,8 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
 fi
-"$VENV/bin/python" -c "import numpy, safetensors, pytest" 2>/dev/null ||
-  "$VENV/bin/pip" install -q numpy safetensors pytest
+# numpy, safetensors, pytest for the reference tests; grpcio and grpcio-tools (stubs generated from
+# proto/ at test time) for the Python client; setuptools stays below 82 as torch requires.
+"$VENV/bin/python" -c "import numpy, safetensors, pytest, grpc, grpc_tools" 2>/dev/null ||
+  "$VENV/bin/pip" install -q numpy safetensors pytest grpcio grpcio-tools "setuptools<82"
 echo "setup: ok (venv $VENV, torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

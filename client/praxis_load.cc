@@ -1,0 +1,313 @@
+// praxis-load: the load generator for praxis-server.
+//   closed loop: --concurrency=N callers, each with one request in flight;
+//   open loop:   --rate=R requests/s, --arrival=poisson|constant, at most --max_in_flight at once
+//                (a request that waits for a free slot counts its latency from when it was due).
+// The run lasts --warmup (not measured) plus --duration, or ends after --requests measured
+// requests, whichever comes first. A weighted --mix of layouts (and decode on/off) is drawn per
+// request. A progress line goes to stderr; the report to stdout, --json and --csv.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client_flags.h"
+#include "client/load_stats.h"
+#include "client/praxis_client.h"
+#include "client/request_builder.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "model/config.h"
+#include "model/step_batch.h"
+#include "model/step_io.h"
+
+ABSL_FLAG(int, connections, 1, "gRPC connections, used round-robin");
+ABSL_FLAG(int, concurrency, 8, "closed loop: concurrent callers");
+ABSL_FLAG(double, rate, 0, "open loop: requests per second (0 runs the closed loop)");
+ABSL_FLAG(std::string, arrival, "poisson", "open loop: poisson | constant");
+ABSL_FLAG(int, max_in_flight, 64, "open loop: most requests outstanding at once");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10), "measured time, after the warm-up");
+ABSL_FLAG(int64_t, requests, 0, "measured requests; 0 leaves only --duration");
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "run before measuring, excluded from figures");
+ABSL_FLAG(std::string, mix, "16,4,4,2,1",
+          "weighted mix: ENTRY;ENTRY;... with ENTRY = text_len,h,w,K,F[,enc][*WEIGHT] "
+          "(enc: decode off)");
+ABSL_FLAG(int64_t, batch, 1, "rows per request");
+ABSL_FLAG(std::string, outputs, "velocity", "comma-separated outputs to ask for");
+ABSL_FLAG(std::string, wire_dtype, "float32", "float32 | bfloat16 | float16 outputs");
+ABSL_FLAG(absl::Duration, progress_interval, absl::Seconds(1), "between progress lines");
+ABSL_FLAG(std::string, json, "", "write the report as JSON here");
+ABSL_FLAG(std::string, csv, "", "write one CSV row per measured request here");
+
+namespace praxis::client {
+namespace {
+
+// One kind of request of the mix.
+struct MixEntry {
+  std::string name;
+  double weight = 1;
+  v1::StepRequest request;
+};
+
+absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
+                                               const model::BackboneConfig& config) {
+  std::vector<MixEntry> mix;
+  RequestOptions options;
+  options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
+  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    MixEntry e;
+    std::vector<std::string> weighted = absl::StrSplit(item, '*');
+    if (weighted.size() > 2 ||
+        (weighted.size() == 2 && (!absl::SimpleAtod(weighted[1], &e.weight) || e.weight <= 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mix: expected ENTRY*WEIGHT with a positive weight, got \"", item, "\""));
+    }
+    std::string layout = weighted[0];
+    bool decode = true;
+    if (absl::EndsWith(layout, ",enc")) {
+      decode = false;
+      layout.resize(layout.size() - 4);
+    }
+    PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout l, model::ParseLayout(layout, "--mix"));
+    model::StepInputs in = model::SyntheticStep(config, l, absl::GetFlag(FLAGS_batch), mix.size());
+    in.decode = decode;
+    RequestOptions o = options;
+    if (!decode) std::erase(o.outputs, std::string("velocity"));
+    if (o.outputs.empty()) o.outputs = {"cond"};
+    e.name = absl::StrCat(layout, decode ? "" : ",enc");
+    o.request_id = e.name;
+    PRAXIS_ASSIGN_OR_RETURN(e.request, MakeStepRequest(in, o));
+    mix.push_back(std::move(e));
+  }
+  if (mix.empty()) return absl::InvalidArgumentError("--mix: expected at least one entry");
+  return mix;
+}
+
+// Everything the request loops share.
+class LoadRun {
+ public:
+  LoadRun(std::vector<std::unique_ptr<Client>> clients, std::vector<MixEntry> mix)
+      : clients_(std::move(clients)),
+        mix_(std::move(mix)),
+        start_(absl::Now()),
+        measure_from_(start_ + absl::GetFlag(FLAGS_warmup)),
+        end_(measure_from_ + absl::GetFlag(FLAGS_duration)),
+        limit_(absl::GetFlag(FLAGS_requests)),
+        recorder_(measure_from_) {
+    std::vector<double> weights;
+    for (const MixEntry& e : mix_) weights.push_back(e.weight);
+    pick_ = std::discrete_distribution<size_t>(weights.begin(), weights.end());
+  }
+
+  // True while a request due at `t` may still be sent; counts the measured ones.
+  bool Admit(absl::Time t) {
+    if (t >= end_) return false;
+    if (t < measure_from_ || limit_ == 0) return true;
+    return issued_.fetch_add(1) < limit_;
+  }
+
+  // Sends one request of the mix, due at `due`, and records it.
+  void Send(absl::Time due, std::mt19937_64& rng) {
+    const MixEntry& e = mix_[Pick(rng)];
+    const Client& c = *clients_[next_client_.fetch_add(1) % clients_.size()];
+    const absl::StatusOr<StepReply> r = c.Step(e.request, absl::GetFlag(FLAGS_timeout));
+    Sample s{due, absl::Now() - due, r.status().code(), 0, 0, e.name};
+    if (r.ok()) {
+      s.queue_us = r->header.queue_us();
+      s.compute_us = r->header.compute_us();
+    }
+    recorder_.Add(std::move(s));
+  }
+
+  void ClosedLoop(int callers) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < callers; ++i) {
+      threads.emplace_back([this, i] {
+        std::mt19937_64 rng(i);
+        for (absl::Time t = absl::Now(); Admit(t); t = absl::Now()) Send(t, rng);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  void OpenLoop(double rate, bool poisson, int max_in_flight) {
+    std::vector<std::thread> workers;
+    for (int i = 0; i < max_in_flight; ++i) {
+      workers.emplace_back([this, i] {
+        std::mt19937_64 rng(i);
+        while (true) {
+          absl::Time due;
+          {
+            absl::MutexLock lock(&mu_);
+            mu_.Await(absl::Condition(this, &LoadRun::HasWorkOrDone));
+            if (due_.empty()) return;
+            due = due_.front();
+            due_.pop_front();
+          }
+          Send(due, rng);
+        }
+      });
+    }
+    std::mt19937_64 rng(12345);
+    std::exponential_distribution<double> gap(rate);
+    for (absl::Time t = start_; Admit(t);) {
+      absl::SleepFor(t - absl::Now());
+      {
+        absl::MutexLock lock(&mu_);
+        due_.push_back(t);
+      }
+      t += absl::Seconds(poisson ? gap(rng) : 1.0 / rate);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      scheduling_done_ = true;
+    }
+    for (std::thread& w : workers) w.join();
+  }
+
+  const Recorder& recorder() const { return recorder_; }
+  absl::Time start() const { return start_; }
+  absl::Time measure_from() const { return measure_from_; }
+
+ private:
+  size_t Pick(std::mt19937_64& rng) {
+    absl::MutexLock lock(&pick_mu_);
+    return pick_(rng);
+  }
+  bool HasWorkOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !due_.empty() || scheduling_done_;
+  }
+
+  const std::vector<std::unique_ptr<Client>> clients_;
+  const std::vector<MixEntry> mix_;
+  const absl::Time start_, measure_from_, end_;
+  const int64_t limit_;
+  Recorder recorder_;
+  std::atomic<int64_t> issued_{0};
+  std::atomic<size_t> next_client_{0};
+  absl::Mutex pick_mu_;
+  std::discrete_distribution<size_t> pick_ ABSL_GUARDED_BY(pick_mu_);
+  absl::Mutex mu_;
+  std::deque<absl::Time> due_ ABSL_GUARDED_BY(mu_);
+  bool scheduling_done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Prints the progress line every interval until `done`.
+void Progress(const LoadRun& run, const std::atomic<bool>& done) {
+  const bool tty = isatty(STDERR_FILENO);
+  const absl::Duration every = absl::GetFlag(FLAGS_progress_interval);
+  absl::Time last_time = run.measure_from();
+  int64_t last_done = 0;
+  while (!done) {
+    for (absl::Time wake = absl::Now() + every; !done && absl::Now() < wake;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const absl::Time now = absl::Now();
+    const Recorder::Progress p = run.recorder().Snapshot();
+    const double dt = absl::ToDoubleSeconds(now - std::max(last_time, run.measure_from()));
+    const double rate = dt > 0 ? (p.done - last_done) / dt : 0;
+    const bool warming = now < run.measure_from();
+    std::fprintf(stderr,
+                 "%s[%6.1fs]%s done %lld | %.1f req/s | p50 %.3f ms | p99 %.3f ms | "
+                 "errors %lld%s",
+                 tty ? "\r" : "", absl::ToDoubleSeconds(now - run.start()),
+                 warming ? " warm-up" : "", static_cast<long long>(p.done), rate, p.p50_ms,
+                 p.p99_ms, static_cast<long long>(p.errors), tty ? "   " : "\n");
+    last_time = now;
+    last_done = p.done;
+  }
+  if (tty) std::fprintf(stderr, "\n");
+}
+
+absl::Status Run() {
+  const int connections = absl::GetFlag(FLAGS_connections);
+  const double rate = absl::GetFlag(FLAGS_rate);
+  const std::string arrival = absl::GetFlag(FLAGS_arrival);
+  if (connections < 1) return absl::InvalidArgumentError("--connections: expected >= 1");
+  if (absl::GetFlag(FLAGS_concurrency) < 1) {
+    return absl::InvalidArgumentError("--concurrency: expected >= 1");
+  }
+  if (rate < 0) return absl::InvalidArgumentError("--rate: expected >= 0");
+  if (arrival != "poisson" && arrival != "constant") {
+    return absl::InvalidArgumentError("--arrival: expected poisson or constant");
+  }
+  if (absl::GetFlag(FLAGS_max_in_flight) < 1) {
+    return absl::InvalidArgumentError("--max_in_flight: expected >= 1");
+  }
+  if (absl::GetFlag(FLAGS_duration) <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--duration: expected > 0 (it bounds every run)");
+  }
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < connections; ++i) {
+    ClientOptions o = ClientOptionsFromFlags();
+    o.max_attempts = 1;  // every failure shows in the report
+    o.own_connection = true;
+    PRAXIS_ASSIGN_OR_RETURN(auto c, Client::Create(absl::GetFlag(FLAGS_address), o));
+    clients.push_back(std::move(c));
+  }
+  PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, clients[0]->Info(absl::Seconds(30)));
+  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config,
+                          model::ParseConfig(info.config_json()));
+  PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix, ParseMix(absl::GetFlag(FLAGS_mix), config));
+  std::cerr << absl::StrFormat(
+      "praxis-load: %s, %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
+      absl::GetFlag(FLAGS_address),
+      rate > 0 ? absl::StrFormat("open loop %.1f req/s (%s)", rate, arrival)
+               : absl::StrFormat("closed loop x%d", absl::GetFlag(FLAGS_concurrency)),
+      connections, mix.size(), absl::FormatDuration(absl::GetFlag(FLAGS_warmup)),
+      absl::FormatDuration(absl::GetFlag(FLAGS_duration)),
+      absl::GetFlag(FLAGS_requests) > 0
+          ? absl::StrCat(", at most ", absl::GetFlag(FLAGS_requests), " requests")
+          : "");
+  LoadRun run(std::move(clients), std::move(mix));
+  std::atomic<bool> done{false};
+  std::thread progress([&] { Progress(run, done); });
+  if (rate > 0) {
+    run.OpenLoop(rate, arrival == "poisson", absl::GetFlag(FLAGS_max_in_flight));
+  } else {
+    run.ClosedLoop(absl::GetFlag(FLAGS_concurrency));
+  }
+  const absl::Time end = absl::Now();
+  done = true;
+  progress.join();
+  const LoadReport report = run.recorder().Report(end);
+  std::cout << report.Text();
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_json), report.Json()));
+  }
+  if (!absl::GetFlag(FLAGS_csv).empty()) {
+    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_csv), report.Csv()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace praxis::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R] [--duration=10s] ...");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = praxis::client::Run();
+  if (!s.ok()) {
+    std::cerr << "praxis-load: " << s << std::endl;
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,158 @@
+"""praxis-cli and praxis-load against the real praxis-server (issue 5).
+
+Environment (set by CTest): PRAXIS_SERVER_BIN, PRAXIS_CLI_BIN, PRAXIS_LOAD_BIN, PRAXIS_FORWARD_BIN,
+PRAXIS_SOURCE_DIR. Each test fails, never skips, when a binary is missing.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(SRC, "build")
+SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(BUILD, "server", "praxis-server"))
+CLI = os.environ.get("PRAXIS_CLI_BIN", os.path.join(BUILD, "client", "praxis-cli"))
+LOAD = os.environ.get("PRAXIS_LOAD_BIN", os.path.join(BUILD, "client", "praxis-load"))
+FORWARD = os.environ.get("PRAXIS_FORWARD_BIN", os.path.join(BUILD, "tools", "praxis-forward"))
+
+
+class Server:
+    """praxis-server on 127.0.0.1:0 with the embedded tiny model; stopped with SIGTERM."""
+
+    def __init__(self, *flags):
+        self.proc = subprocess.Popen(
+            [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2", *flags],
+            stdout=subprocess.PIPE, text=True)
+        for line in self.proc.stdout:
+            m = re.search(r"serving on [\d.]+:(\d+)", line)
+            if m:
+                self.address = f"127.0.0.1:{m.group(1)}"
+                return
+        raise RuntimeError(f"praxis-server exited with {self.proc.wait()} before serving")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+def run(*args, timeout=120):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_inputs(path, seed=0, b=1, k=2, f=1, h=3, w=4, text_len=5):
+    rng = np.random.default_rng(seed)
+    t = {
+        "text": rng.standard_normal((b, text_len, 48), dtype=np.float32),
+        "anchor": rng.standard_normal((b, 16, 1, h, w), dtype=np.float32),
+        "noised": rng.standard_normal((b, 16, k * f, h, w), dtype=np.float32),
+        "timesteps": rng.random((b, k), dtype=np.float32),
+        "frames_per_chunk": np.array([f], dtype=np.int64),
+    }
+    if k > 1:
+        t["clean"] = rng.standard_normal((b, 16, (k - 1) * f, h, w), dtype=np.float32)
+    save_file(t, path)
+
+
+def test_cli_health_and_info(server):
+    r = run(CLI, "health", f"--address={server.address}")
+    assert r.returncode == 0 and r.stdout.strip() == "SERVING", r
+    r = run(CLI, "info", f"--address={server.address}")
+    assert r.returncode == 0, r
+    assert "dtype: float32" in r.stdout and "tap.1" in r.stdout
+
+
+def test_cli_step_equals_in_process_forward(server, tmp_path):
+    """The outputs file of `praxis-cli step` equals praxis-forward on the same (embedded) model.
+
+    Equal to float32 rounding, not bit for bit: two processes split LibTorch's matmuls across
+    their threads differently (praxis-forward with 1 and with 2 threads already differs by 1e-6).
+    Bit-exactness within one process is tests/server/server_test.cc's.
+    """
+    inputs, served, local = tmp_path / "in.st", tmp_path / "served.st", tmp_path / "local.st"
+    tiny_inputs(str(inputs), k=3, f=1, h=4, w=2, text_len=7)
+    r = run(CLI, "step", f"--address={server.address}", f"--inputs={inputs}", f"--out={served}")
+    assert r.returncode == 0, r.stderr
+    r = run(FORWARD, f"--config={SRC}/configs/tiny.json", "--seed=0", "--threads=2",
+            f"--inputs={inputs}", f"--out={local}")
+    assert r.returncode == 0, r.stderr
+    got, want = load_file(str(served)), load_file(str(local))
+    assert sorted(got) == sorted(want) == sorted(
+        ["velocity", "cond", "tap.0", "tap.1", "embeddings", "positions"])
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert np.allclose(got[name], want[name], rtol=0, atol=1e-5), name
+
+
+def test_cli_step_synthetic_layout_and_bad_input(server, tmp_path):
+    out = tmp_path / "out.st"
+    r = run(CLI, "step", f"--address={server.address}", "--layout=6,2,3,2,2", "--batch=2",
+            "--outputs=velocity,tap.1", "--wire_dtype=bfloat16", f"--out={out}")
+    assert r.returncode == 0, r.stderr
+    import safetensors.torch  # numpy has no bfloat16
+    import torch
+    t = safetensors.torch.load_file(str(out))
+    assert sorted(t) == ["tap.1", "velocity"]
+    assert t["velocity"].dtype == torch.bfloat16
+    assert tuple(t["velocity"].shape) == (2, 16, 4, 2, 3)
+    r = run(CLI, "step", f"--address={server.address}", "--layout=6,2,3,2,2",
+            "--frames_per_chunk=3", f"--out={out}")
+    assert r.returncode == 1 and "frames_per_chunk" in r.stderr, r   # the server refused it
+    r = run(CLI, "step", f"--address={server.address}", "--layout=6,2", f"--out={out}")
+    assert r.returncode == 2 and "--layout" in r.stderr, r           # refused before sending
+
+
+def load_report(tmp_path, address, *flags):
+    report = tmp_path / "report.json"
+    csv = tmp_path / "report.csv"
+    r = run(LOAD, f"--address={address}", "--warmup=300ms", f"--json={report}", f"--csv={csv}",
+            "--progress_interval=500ms", *flags)
+    assert r.returncode == 0, r.stderr
+    assert "done" in r.stderr and "req/s" in r.stderr          # the progress line
+    assert "Summary" in r.stdout and "Histogram" in r.stdout   # the final report
+    j = json.loads(report.read_text())
+    assert j["ok"] + j["errors"] == j["sent"]
+    assert sum(j["codes"].values()) == j["sent"]
+    assert sum(j["layouts"].values()) == j["sent"]
+    rows = csv.read_text().strip().splitlines()
+    assert rows[0].startswith("start_s,latency_ms,code") and len(rows) == j["sent"] + 1
+    return j
+
+
+def test_load_closed_loop(server, tmp_path):
+    j = load_report(tmp_path, server.address, "--duration=2s", "--concurrency=4",
+                    "--mix=16,4,4,2,1*3;8,2,2,1,1,enc*1")
+    assert j["ok"] > 0 and j["errors"] == 0
+    assert set(j["layouts"]) == {"16,4,4,2,1", "8,2,2,1,1,enc"}
+    lat = j["latency_ms"]
+    assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+
+
+def test_load_open_loop_with_a_request_budget(server, tmp_path):
+    j = load_report(tmp_path, server.address, "--duration=20s", "--rate=40",
+                    "--arrival=constant", "--requests=30")
+    assert j["sent"] == 30 and j["ok"] == 30
+    assert j["elapsed_s"] < 20   # ended by the request budget, not the duration
+
+
+def test_load_shows_induced_errors(tmp_path):
+    """A one-request queue and a tight deadline make the server refuse; the report counts it."""
+    s = Server("--max_queue_requests=1", "--max_queue_delay=50ms")
+    try:
+        j = load_report(tmp_path, s.address, "--duration=2s", "--concurrency=6")
+        assert j["codes"].get("RESOURCE_EXHAUSTED", 0) > 0, j["codes"]
+        j = load_report(tmp_path, s.address, "--duration=1s", "--concurrency=2", "--timeout=1ms")
+        assert j["codes"].get("DEADLINE_EXCEEDED", 0) > 0, j["codes"]
+    finally:
+        s.stop()
