@@ -1,0 +1,451 @@
+"""A client for praxis-serve: one denoising step per call, or a Session stream per robot."""
+import dataclasses
+import queue
+import random
+import time
+from typing import Dict, Iterable, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from praxis_client import _stubs
+
+pb, pb_grpc = _stubs.load()
+
+_WIRE_DTYPES = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
+_NUMPY_DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2"),
+                 pb.BFLOAT16: np.dtype("<u2"), pb.INT64: np.dtype("<i8")}
+_STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_HEALTH = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
+_INITIAL_BACKOFF_S = 0.1
+_MAX_BACKOFF_S = 2.0
+_MAX_RECEIVE_BYTES = 64 << 20  # per message; chunks are at most 1 MiB by default
+
+
+class PraxisError(Exception):
+    """A failed call: `code` is its grpc.StatusCode and `message` the server's text.
+
+    INVALID_ARGUMENT messages start with the offending field ("text: ...", "frames_per_chunk: ...").
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class RpcFailed(PraxisError):
+    """The gRPC call ended with a non-OK status (from the server, or the transport's)."""
+
+
+class StepFailed(PraxisError):
+    """The server answered a step with a StepError (a failed Session step; the session goes on)."""
+
+
+class ProtocolError(PraxisError):
+    """The response stream broke the protocol (order, offsets or sizes); code DATA_LOSS."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.DATA_LOSS, message)
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One step's answer: the StepHeader, every tensor it announced, and the StepTrailer.
+
+    `tensors` maps names (velocity, cond, tap.N, embeddings, positions) to numpy arrays, in header
+    order: float32 for wire dtypes float32 and bfloat16 (exactly widened), float16 for float16,
+    int64 for positions.
+    """
+
+    header: "pb.StepHeader"
+    tensors: Dict[str, np.ndarray]
+    trailer: "pb.StepTrailer"
+
+    @property
+    def layout_key(self) -> str:
+        """The server's key of the step's window layout."""
+        return self.header.layout_key
+
+    @property
+    def queue_us(self) -> int:
+        """Microseconds the step waited for a batch."""
+        return self.header.queue_us
+
+    @property
+    def compute_us(self) -> int:
+        """Microseconds of the forward pass of the batch the step ran in."""
+        return self.header.compute_us
+
+    @property
+    def total_us(self) -> int:
+        """Microseconds from the server accepting the step to sending its trailer."""
+        return self.trailer.total_us
+
+
+def _decode(t: "pb.TensorHeader", data: bytearray) -> np.ndarray:
+    """The tensor `t` announced, from its wire bytes; bfloat16 widened to float32."""
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise ProtocolError(f"{t.name}: unknown dtype {t.dtype}")
+    shape = tuple(t.shape)
+    if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
+        raise ProtocolError(f"{t.name}: {len(data)} bytes for shape {list(shape)} of "
+                            f"{pb.DType.Name(t.dtype)}")
+    a = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if t.dtype == pb.BFLOAT16:
+        a = (a.astype("<u4") << 16).view("<f4")
+    return a
+
+
+class StepAssembler:
+    """Rebuilds one step's StepResult from its StepResponse messages, checking the protocol.
+
+    The order must be: a header; then for each tensor it announces, in order, chunks of that name
+    whose offsets are contiguous from 0 and whose sizes add up to exactly its nbytes (a zero-byte
+    tensor has no chunks); then a trailer. Anything else raises ProtocolError; a StepError message
+    raises StepFailed.
+    """
+
+    def __init__(self):
+        self._header = None
+        self._tensors: Dict[str, np.ndarray] = {}
+        self._current = 0  # index into header.tensors of the tensor being filled
+        self._buffer = bytearray()
+        self._result: Optional[StepResult] = None
+
+    def add(self, msg: "pb.StepResponse") -> bool:
+        """Feeds the next message; True once the trailer has arrived."""
+        if self._result is not None:
+            raise ProtocolError("a message after the trailer")
+        kind = msg.WhichOneof("kind")
+        if kind == "error":
+            raise StepFailed(_status_code(msg.error.code), msg.error.message)
+        if kind is None:
+            raise ProtocolError("an empty StepResponse")
+        if kind == "header":
+            if self._header is not None:
+                raise ProtocolError("a second header")
+            self._header = msg.header
+            return False
+        if self._header is None:
+            raise ProtocolError(f"a {kind} before the header")
+        self._skip_empty()
+        if kind == "chunk":
+            self._add_chunk(msg.chunk)
+            return False
+        if self._current < len(self._header.tensors):
+            t = self._header.tensors[self._current]
+            raise ProtocolError(
+                f"{t.name}: got {len(self._buffer)} of {t.nbytes} bytes before the trailer")
+        self._result = StepResult(self._header, self._tensors, msg.trailer)
+        return True
+
+    def result(self) -> StepResult:
+        """The StepResult, once add() returned True."""
+        if self._result is None:
+            raise ProtocolError("the stream ended without a trailer")
+        return self._result
+
+    def _add_chunk(self, c: "pb.TensorChunk"):
+        if self._current >= len(self._header.tensors):
+            raise ProtocolError(f"{c.name}: a chunk after every tensor was complete")
+        t = self._header.tensors[self._current]
+        if c.name != t.name:
+            raise ProtocolError(f"chunk of {c.name} while {t.name} was incomplete")
+        if c.offset != len(self._buffer):
+            raise ProtocolError(f"{t.name}: chunk at offset {c.offset}, expected {len(self._buffer)}")
+        if len(self._buffer) + len(c.data) > t.nbytes:
+            raise ProtocolError(f"{t.name}: chunks exceed the announced {t.nbytes} bytes")
+        self._buffer += c.data
+        if len(self._buffer) == t.nbytes:
+            self._finish()
+
+    def _skip_empty(self):
+        """Finishes the tensors of zero bytes that come next: they have no chunks."""
+        while (self._current < len(self._header.tensors) and not self._buffer
+               and self._header.tensors[self._current].nbytes == 0):
+            self._finish()
+
+    def _finish(self):
+        t = self._header.tensors[self._current]
+        self._tensors[t.name] = _decode(t, self._buffer)
+        self._buffer = bytearray()
+        self._current += 1
+
+
+def assemble(messages: Iterable["pb.StepResponse"]) -> StepResult:
+    """The StepResult of a whole Step stream; ProtocolError unless it ends right after a trailer."""
+    assembler = StepAssembler()
+    for msg in messages:
+        assembler.add(msg)
+    return assembler.result()
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    return _STATUS_CODES.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def _rpc_failed(e: grpc.RpcError) -> RpcFailed:
+    return RpcFailed(e.code(), e.details() or "")
+
+
+def _wire_tensor(a) -> "pb.Tensor":
+    """`a` as a little-endian row-major Tensor: float16 stays float16, the rest becomes float32."""
+    a = np.asarray(a)
+    half = a.dtype.kind == "f" and a.dtype.itemsize == 2
+    a = np.ascontiguousarray(a, dtype="<f2" if half else "<f4")
+    return pb.Tensor(dtype=pb.FLOAT16 if half else pb.FLOAT32, shape=a.shape, data=a.tobytes())
+
+
+def _output_selection(outputs: Sequence[str]) -> "pb.OutputSelection":
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    o = pb.OutputSelection()
+    for name in outputs:
+        if name in ("velocity", "cond", "embeddings", "positions"):
+            setattr(o, name, True)
+        elif name == "taps":
+            o.all_taps = True
+        elif name.startswith("tap.") and name[4:].isdigit():
+            o.taps.append(int(name[4:]))
+        else:
+            raise ValueError("outputs: expected velocity, cond, taps, tap.N, embeddings or "
+                             f"positions, got {name!r}")
+    return o
+
+
+def make_request(*, text, anchor, noised, timesteps, clean=None, frames_per_chunk: int = 1,
+                 decode: bool = True, outputs: Sequence[str] = ("velocity",),
+                 rope_shifts: Optional[Sequence[int]] = None, wire_dtype: str = "float32",
+                 request_id: str = "") -> "pb.StepRequest":
+    """The StepRequest for one step; the arguments are those of Client.step.
+
+    Only what cannot be encoded is checked here (ValueError for unknown outputs or wire dtypes);
+    the server validates the rest and answers INVALID_ARGUMENT.
+    """
+    if wire_dtype not in _WIRE_DTYPES:
+        raise ValueError(f"wire_dtype: expected float32, bfloat16 or float16, got {wire_dtype!r}")
+    r = pb.StepRequest(text=_wire_tensor(text), anchor=_wire_tensor(anchor),
+                       noised=_wire_tensor(noised), timesteps=_wire_tensor(timesteps),
+                       frames_per_chunk=frames_per_chunk, decode=decode,
+                       rope_shifts=list(rope_shifts or ()), outputs=_output_selection(outputs),
+                       wire_dtype=_WIRE_DTYPES[wire_dtype], request_id=request_id)
+    if clean is not None:
+        r.clean.CopyFrom(_wire_tensor(clean))
+    return r
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, i: int):
+    n = shift = 0
+    while True:
+        if i >= len(data):
+            raise ProtocolError("a truncated HealthCheckResponse")
+        b = data[i]
+        n |= (b & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not b & 0x80:
+            return n, i
+
+
+def _health_request(service: str) -> bytes:
+    """A grpc.health.v1.HealthCheckRequest: field 1, the service name."""
+    name = service.encode("utf-8")
+    return b"\x0a" + _varint(len(name)) + name if name else b""
+
+
+def _health_status(data: bytes) -> int:
+    """Field 1 (status) of a grpc.health.v1.HealthCheckResponse; other fields are skipped."""
+    status, i = 0, 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i)
+            if field == 1:
+                status = value
+        elif wire == 2:
+            size, i = _read_varint(data, i)
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ProtocolError(f"HealthCheckResponse: wire type {wire} of field {field}")
+    return status
+
+
+class Client:
+    """A connection to praxis-server (address "HOST:PORT").
+
+    `timeout` bounds each call attempt, in seconds. `tls_ca` is a PEM file of root certificates:
+    given, the channel uses TLS; None, plaintext. A call answered UNAVAILABLE (the server is
+    warming up, draining or unreachable: the step was not computed) is retried with exponential
+    backoff and jitter, `max_attempts` times in all. Thread-safe; close() it, or use it as a
+    context manager.
+    """
+
+    def __init__(self, address: str, timeout: float = 60.0, tls_ca: Optional[str] = None,
+                 max_attempts: int = 3):
+        options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
+                   ("grpc.max_send_message_length", -1)]
+        if tls_ca is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            with open(tls_ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        self._stub = pb_grpc.PraxisStub(self._channel)
+        self._health = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check", request_serializer=_health_request,
+            response_deserializer=_health_status)
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+
+    def step(self, *, text, anchor, noised, timesteps, clean=None, frames_per_chunk: int = 1,
+             decode: bool = True, outputs: Sequence[str] = ("velocity",),
+             rope_shifts: Optional[Sequence[int]] = None, wire_dtype: str = "float32",
+             request_id: str = "", timeout: Optional[float] = None) -> StepResult:
+        """Runs one denoising step and returns its StepResult.
+
+        Inputs are numpy arrays (float32 or float16 as given, anything else converted to float32):
+        text [B, L, text_dim], anchor [B, C, 1, h, w], noised [B, C, K*F, h, w], clean
+        [B, C, (K-1)*F, h, w] (given iff K > 1), timesteps [B, K] in [0, 1]. `outputs` lists
+        "velocity", "cond", "taps" (all taps), "tap.N", "embeddings", "positions"; velocity needs
+        decode=True. `rope_shifts` is None or 4 values (encoder anchor, text, video, decoder).
+
+        `wire_dtype` is the dtype float outputs travel in: "float32", "float16" (returned as
+        float16) or "bfloat16" (halves the bytes; returned as float32, exactly the bfloat16 values,
+        i.e. float32 whose lower 16 bits are zero). Positions are int64 whatever the wire dtype.
+
+        Raises RpcFailed (INVALID_ARGUMENT naming the field for a malformed request), ProtocolError
+        for a malformed answer.
+        """
+        request = make_request(text=text, anchor=anchor, noised=noised, timesteps=timesteps,
+                               clean=clean, frames_per_chunk=frames_per_chunk, decode=decode,
+                               outputs=outputs, rope_shifts=rope_shifts, wire_dtype=wire_dtype,
+                               request_id=request_id)
+        return self._retrying(lambda t: self._step_once(request, t), timeout)
+
+    def info(self, timeout: Optional[float] = None) -> "pb.ModelInfo":
+        """The server's ModelInfo: model, dtype, device, limits, output names, config JSON."""
+        return self._retrying(lambda t: self._stub.GetModelInfo(pb.ModelInfoRequest(), timeout=t),
+                              timeout)
+
+    def health(self, service: str = "", timeout: Optional[float] = None) -> str:
+        """The grpc.health.v1 status of `service` ("" for the whole server): "SERVING",
+        "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN"."""
+        status = self._retrying(lambda t: self._health(service, timeout=t), timeout)
+        return _HEALTH[status] if status < len(_HEALTH) else "UNKNOWN"
+
+    def session(self, timeout: Optional[float] = None) -> "Session":
+        """Opens a Session stream for the consecutive steps of one robot.
+
+        `timeout` bounds the whole session, in seconds; None, no deadline.
+        """
+        return Session(self._stub, timeout)
+
+    def close(self):
+        """Closes the channel; calls in flight are cancelled."""
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _step_once(self, request: "pb.StepRequest", timeout: float) -> StepResult:
+        call = self._stub.Step(request, timeout=timeout)
+        try:
+            return assemble(call)
+        except ProtocolError:
+            call.cancel()
+            raise
+
+    def _retrying(self, attempt, timeout: Optional[float]):
+        """attempt(timeout), retried on UNAVAILABLE; grpc.RpcError becomes RpcFailed."""
+        timeout = self.timeout if timeout is None else timeout
+        backoff = _INITIAL_BACKOFF_S
+        for n in range(1, self.max_attempts + 1):
+            try:
+                return attempt(timeout)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or n >= self.max_attempts:
+                    raise _rpc_failed(e) from None
+            time.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+
+_END = object()  # the request queue's end: half-closes the Session stream
+
+
+class Session:
+    """One Session stream: the consecutive steps of one robot, sent and answered one at a time.
+
+    A step the server rejects raises StepFailed and the session goes on. A broken stream (its
+    status, or a protocol error) raises that error from then on. Not thread-safe (one robot, one
+    control loop). close() it, or use it as a context manager.
+    """
+
+    def __init__(self, stub, timeout: Optional[float]):
+        self._requests = queue.SimpleQueue()
+        self._call = stub.Session(iter(self._requests.get, _END), timeout=timeout)
+        self._closed = False
+        self._broken: Optional[PraxisError] = None
+
+    def step(self, **kwargs) -> StepResult:
+        """One step: the arguments of Client.step, except timeout (the session's bounds it)."""
+        if self._closed:
+            raise ValueError("the session is closed")
+        if self._broken is not None:
+            raise self._broken
+        self._requests.put(make_request(**kwargs))
+        assembler = StepAssembler()
+        try:
+            for msg in self._call:
+                if assembler.add(msg):
+                    return assembler.result()
+            self._broken = ProtocolError("the session ended mid-step")
+        except ProtocolError as e:
+            self._broken = e
+            self._cancel()
+        except grpc.RpcError as e:
+            self._broken = _rpc_failed(e)
+        raise self._broken
+
+    def close(self):
+        """Half-closes the stream and waits for its end; RpcFailed for a non-OK final status."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(_END)
+        if self._broken is not None:
+            return
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError as e:
+            raise _rpc_failed(e) from None
+
+    def _cancel(self):
+        self._requests.put(_END)
+        self._call.cancel()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self._closed = True
+            self._cancel()
