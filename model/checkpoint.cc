@@ -100,19 +100,6 @@ void SpecWriter::Ffn(const TowerConfig& t, int64_t i, const std::string& f) {
   Param(f + "shared.down", {m.shared_dim, d});
 }
 
-std::string DtypeName(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return "float32";
-    case torch::kBFloat16:
-      return "bfloat16";
-    case torch::kFloat16:
-      return "float16";
-    default:
-      return c10::toString(t);
-  }
-}
-
 std::string ShapeString(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
