@@ -5,46 +5,18 @@ PRAXIS_SOURCE_DIR. Each test fails, never skips, when a binary is missing.
 """
 import json
 import os
-import re
-import signal
 import subprocess
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from server_process import Server
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(SRC, "build")
-SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(BUILD, "server", "praxis-server"))
 CLI = os.environ.get("PRAXIS_CLI_BIN", os.path.join(BUILD, "client", "praxis-cli"))
 LOAD = os.environ.get("PRAXIS_LOAD_BIN", os.path.join(BUILD, "client", "praxis-load"))
 FORWARD = os.environ.get("PRAXIS_FORWARD_BIN", os.path.join(BUILD, "tools", "praxis-forward"))
-
-
-class Server:
-    """praxis-server on 127.0.0.1:0 with the embedded tiny model; stopped with SIGTERM."""
-
-    def __init__(self, *flags):
-        self.proc = subprocess.Popen(
-            [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2", *flags],
-            stdout=subprocess.PIPE, text=True)
-        for line in self.proc.stdout:
-            m = re.search(r"serving on [\d.]+:(\d+)", line)
-            if m:
-                self.address = f"127.0.0.1:{m.group(1)}"
-                return
-        raise RuntimeError(f"praxis-server exited with {self.proc.wait()} before serving")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=60) == 0
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
 
 
 def run(*args, timeout=120):

@@ -5,8 +5,6 @@ PRAXIS_PROTO_DIR, and PYTHONPATH holding client/python. Each test fails, never s
 is missing.
 """
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +15,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(SRC, "build", "server", "praxis-server"))
 CLI = os.environ.get("PRAXIS_CLI_BIN", os.path.join(SRC, "build", "client", "praxis-cli"))
 os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
@@ -28,32 +25,6 @@ from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noq
 
 ALL_OUTPUTS = ["velocity", "cond", "taps", "embeddings", "positions"]
 ALL_NAMES = ["velocity", "cond", "tap.0", "tap.1", "embeddings", "positions"]
-
-
-class Server:
-    """praxis-server on 127.0.0.1:0 with the embedded tiny model; stopped with SIGTERM."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1"],
-            stdout=subprocess.PIPE, text=True)
-        for line in self.proc.stdout:
-            m = re.search(r"serving on [^ ]+:(\d+) ", line)
-            if m:
-                self.address = f"127.0.0.1:{m.group(1)}"
-                return
-        raise RuntimeError(f"praxis-server exited with {self.proc.wait()} before serving")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=60) == 0
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Server()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,28 @@
+"""praxis-server as a child process for the client tests."""
+import os
+import re
+import signal
+import subprocess
+
+SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(SRC, "build", "server", "praxis-server"))
+
+
+class Server:
+    """praxis-server on 127.0.0.1:0 with the embedded tiny model; stopped with SIGTERM."""
+
+    def __init__(self, *flags):
+        self.proc = subprocess.Popen(
+            [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2", *flags],
+            stdout=subprocess.PIPE, text=True)
+        for line in self.proc.stdout:
+            m = re.search(r"serving on [\d.]+:(\d+)", line)
+            if m:
+                self.address = f"127.0.0.1:{m.group(1)}"
+                return
+        raise RuntimeError(f"praxis-server exited with {self.proc.wait()} before serving")
+
+    def stop(self):
+        """SIGTERM, and the drain must end with exit status 0."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=60) == 0
