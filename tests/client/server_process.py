@@ -1,8 +1,10 @@
-"""praxis-server as a child process for the client tests."""
+"""praxis-server as a child process, and tiny-model inputs, for the client tests."""
 import os
 import re
 import signal
 import subprocess
+
+import numpy as np
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(SRC, "build", "server", "praxis-server"))
@@ -26,3 +28,18 @@ class Server:
         """SIGTERM, and the drain must end with exit status 0."""
         self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(timeout=60) == 0
+
+
+def tiny_inputs(seed=0, b=1, text_len=5, h=3, w=4, k=2, f=1):
+    """Step arguments for the tiny model (C=16, text_dim=48)."""
+    rng = np.random.default_rng(seed)
+    inputs = {
+        "text": rng.standard_normal((b, text_len, 48), dtype=np.float32),
+        "anchor": rng.standard_normal((b, 16, 1, h, w), dtype=np.float32),
+        "noised": rng.standard_normal((b, 16, k * f, h, w), dtype=np.float32),
+        "timesteps": rng.random((b, k), dtype=np.float32),
+        "frames_per_chunk": f,
+    }
+    if k > 1:
+        inputs["clean"] = rng.standard_normal((b, 16, (k - 1) * f, h, w), dtype=np.float32)
+    return inputs

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
-from server_process import Server
+from server_process import Server, tiny_inputs
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(SRC, "build")
@@ -23,17 +23,10 @@ def run(*args, timeout=120):
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
 
 
-def tiny_inputs(path, seed=0, b=1, k=2, f=1, h=3, w=4, text_len=5):
-    rng = np.random.default_rng(seed)
-    t = {
-        "text": rng.standard_normal((b, text_len, 48), dtype=np.float32),
-        "anchor": rng.standard_normal((b, 16, 1, h, w), dtype=np.float32),
-        "noised": rng.standard_normal((b, 16, k * f, h, w), dtype=np.float32),
-        "timesteps": rng.random((b, k), dtype=np.float32),
-        "frames_per_chunk": np.array([f], dtype=np.int64),
-    }
-    if k > 1:
-        t["clean"] = rng.standard_normal((b, 16, (k - 1) * f, h, w), dtype=np.float32)
+def save_inputs(path, **layout):
+    """tiny_inputs(**layout) as praxis-cli and praxis-forward read them."""
+    t = tiny_inputs(**layout)
+    t["frames_per_chunk"] = np.array([t["frames_per_chunk"]], dtype=np.int64)
     save_file(t, path)
 
 
@@ -53,7 +46,7 @@ def test_cli_step_equals_in_process_forward(server, tmp_path):
     Bit-exactness within one process is tests/server/server_test.cc's.
     """
     inputs, served, local = tmp_path / "in.st", tmp_path / "served.st", tmp_path / "local.st"
-    tiny_inputs(str(inputs), k=3, f=1, h=4, w=2, text_len=7)
+    save_inputs(str(inputs), k=3, f=1, h=4, w=2, text_len=7)
     r = run(CLI, "step", f"--address={server.address}", f"--inputs={inputs}", f"--out={served}")
     assert r.returncode == 0, r.stderr
     r = run(FORWARD, f"--config={SRC}/configs/tiny.json", "--seed=0", "--threads=2",

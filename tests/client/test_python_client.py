@@ -20,6 +20,7 @@ os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
+from server_process import tiny_inputs  # noqa: E402
 from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noqa: E402
                            StepFailed, assemble, pb)
 
@@ -31,21 +32,6 @@ ALL_NAMES = ["velocity", "cond", "tap.0", "tap.1", "embeddings", "positions"]
 def client(server):
     with Client(server.address) as c:
         yield c
-
-
-def tiny_inputs(seed=0, b=1, text_len=5, h=3, w=4, k=2, f=1):
-    """Step arguments for the tiny model (C=16, text_dim=48)."""
-    rng = np.random.default_rng(seed)
-    inputs = {
-        "text": rng.standard_normal((b, text_len, 48), dtype=np.float32),
-        "anchor": rng.standard_normal((b, 16, 1, h, w), dtype=np.float32),
-        "noised": rng.standard_normal((b, 16, k * f, h, w), dtype=np.float32),
-        "timesteps": rng.random((b, k), dtype=np.float32),
-        "frames_per_chunk": f,
-    }
-    if k > 1:
-        inputs["clean"] = rng.standard_normal((b, 16, (k - 1) * f, h, w), dtype=np.float32)
-    return inputs
 
 
 def to_bfloat16(x):
