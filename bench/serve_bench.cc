@@ -19,10 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/praxis_client.h"
+#include "client/request_builder.h"
 #include "model/model_loader.h"
 #include "model/step_batch.h"
 #include "server/server.h"
-#include "server/tensor_codec.h"
 
 ABSL_FLAG(int, repeats, 5, "timed steps for each latency figure");
 ABSL_FLAG(int, rounds, 2, "steps per caller for each throughput figure");
@@ -45,19 +45,12 @@ std::unique_ptr<model::StepRunner> BenchRunner() {
       std::move(model::LoadModel(source, {}).value().model));
 }
 
+// Velocity and both taps, bfloat16 on the wire: what a robot's control loop asks for.
 v1::StepRequest BenchRequest(const model::StepInputs& in) {
-  v1::StepRequest r;
-  *r.mutable_text() = *EncodeTensor(in.text, v1::FLOAT32);
-  *r.mutable_anchor() = *EncodeTensor(in.anchor, v1::FLOAT32);
-  *r.mutable_clean() = *EncodeTensor(in.clean, v1::FLOAT32);
-  *r.mutable_noised() = *EncodeTensor(in.noised, v1::FLOAT32);
-  *r.mutable_timesteps() = *EncodeTensor(in.timesteps, v1::FLOAT32);
-  r.set_frames_per_chunk(in.frames_per_chunk);
-  r.set_decode(true);
-  r.mutable_outputs()->set_velocity(true);
-  r.mutable_outputs()->set_all_taps(true);
-  r.set_wire_dtype(v1::BFLOAT16);
-  return r;
+  client::RequestOptions o;
+  o.outputs = {"velocity", "taps"};
+  o.wire_dtype = v1::BFLOAT16;
+  return client::MakeStepRequest(in, o).value();
 }
 
 double Median(std::vector<double> v) {

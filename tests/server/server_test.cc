@@ -15,10 +15,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/praxis_client.h"
+#include "client/request_builder.h"
 #include "model/model_loader.h"
 #include "model/step_batch.h"
 #include "model/step_io.h"
-#include "server/tensor_codec.h"
 #include "tests/server/gated_runner.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
@@ -92,23 +92,13 @@ class ServerTest : public ::testing::Test {
   // A request of `rows` rows for `layout` with inputs drawn from `seed`, asking for every output.
   static v1::StepRequest Request(const model::WindowLayout& layout, uint64_t seed,
                                  bool decode = true, int64_t rows = 1) {
-    const model::StepInputs in = model::SyntheticStep(config(), layout, rows, seed);
-    v1::StepRequest r;
-    *r.mutable_text() = *EncodeTensor(in.text, v1::FLOAT32);
-    *r.mutable_anchor() = *EncodeTensor(in.anchor, v1::FLOAT32);
-    if (in.clean.defined()) *r.mutable_clean() = *EncodeTensor(in.clean, v1::FLOAT32);
-    *r.mutable_noised() = *EncodeTensor(in.noised, v1::FLOAT32);
-    *r.mutable_timesteps() = *EncodeTensor(in.timesteps, v1::FLOAT32);
-    r.set_frames_per_chunk(layout.f);
-    r.set_decode(decode);
-    v1::OutputSelection* o = r.mutable_outputs();
-    o->set_velocity(decode);
-    o->set_cond(true);
-    o->set_all_taps(true);
-    o->set_embeddings(true);
-    o->set_positions(true);
-    r.set_request_id(absl::StrCat("req-", seed));
-    return r;
+    model::StepInputs in = model::SyntheticStep(config(), layout, rows, seed);
+    in.decode = decode;
+    client::RequestOptions o;
+    o.outputs = {"cond", "taps", "embeddings", "positions"};
+    if (decode) o.outputs.push_back("velocity");
+    o.request_id = absl::StrCat("req-", seed);
+    return client::MakeStepRequest(in, o).value();
   }
 
   // What the in-process forward gives for `r`, by output name.
