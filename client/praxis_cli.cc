@@ -23,6 +23,7 @@
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/step_batch.h"
@@ -152,6 +153,6 @@ int Main(const std::vector<char*>& args) {
 }  // namespace praxis::client
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("praxis-cli info|health|step --address=HOST:PORT [flags]");
+  praxis::SetUsage("praxis-cli info|health|step --address=HOST:PORT [flags]");
   return praxis::client::Main(absl::ParseCommandLine(argc, argv));
 }

@@ -32,6 +32,7 @@
 #include "client/request_builder.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "model/config.h"
 #include "model/step_batch.h"
 #include "model/step_io.h"
@@ -301,7 +302,7 @@ absl::Status Run() {
 }  // namespace praxis::client
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  praxis::SetUsage(
       "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R] [--duration=10s] ...");
   absl::ParseCommandLine(argc, argv);
   const absl::Status s = praxis::client::Run();

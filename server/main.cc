@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "model/model_loader.h"
 #include "model/step_io.h"
 #include "model/step_runner.h"
@@ -143,7 +144,7 @@ absl::Status Run() {
 }  // namespace praxis::serve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  praxis::SetUsage(
       "Serves the Praxis video backbone over gRPC.\n  praxis-server [--checkpoint DIR] [--port N] "
       "[--flagfile FILE] ...");
   absl::ParseCommandLine(argc, argv);

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "model/backbone.h"
 #include "model/model_loader.h"
 #include "model/safetensors.h"
@@ -78,7 +79,7 @@ absl::Status Run() {
 }  // namespace praxis::model
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  praxis::SetUsage(
       "praxis-forward --checkpoint DIR --inputs in.safetensors --out out.safetensors");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = praxis::model::Run();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/usage.h"
 #include "model/masks.h"
 
 ABSL_FLAG(std::string, tower, "",
@@ -225,7 +226,7 @@ int Main() {
 }  // namespace praxis::model
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  praxis::SetUsage(
       "Prints the BlockMask of a tower layout (--tower) or of explicit slots and a rule (--slots) "
       "as JSON.");
   absl::ParseCommandLine(argc, argv);
