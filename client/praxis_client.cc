@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/request_builder.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 
@@ -79,6 +80,9 @@ absl::StatusOr<StepReply> Client::StepOnce(const v1::StepRequest& request,
                                            absl::Duration timeout) const {
   grpc::ClientContext ctx;
   ctx.set_deadline(After(timeout));
+  if (const std::string key = LayoutKeyOf(request); !key.empty()) {
+    ctx.AddMetadata(kLayoutHeader, key);
+  }
   std::unique_ptr<grpc::ClientReader<v1::StepResponse>> reader = stub_->Step(&ctx, request);
   StepAssembler assembler;
   v1::StepResponse msg;

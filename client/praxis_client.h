@@ -43,8 +43,8 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& address,
                                                         const ClientOptions& options = {});
 
-  // One step, within `timeout` per attempt. The server's status, or DataLoss for a malformed
-  // answer.
+  // One step, within `timeout` per attempt, sent with its layout key as kLayoutHeader. The
+  // server's status, or DataLoss for a malformed answer.
   absl::StatusOr<StepReply> Step(const v1::StepRequest& request, absl::Duration timeout) const;
   absl::StatusOr<v1::ModelInfo> Info(absl::Duration timeout) const;
   // The grpc.health.v1 status of `service` ("" for the whole server).

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/step_batch.h"
 #include "server/tensor_codec.h"
 
 namespace praxis::client {
@@ -64,6 +65,27 @@ absl::StatusOr<v1::StepRequest> MakeStepRequest(const model::StepInputs& in,
   r.set_wire_dtype(options.wire_dtype);
   r.set_request_id(options.request_id);
   return r;
+}
+
+std::string LayoutKeyOf(const v1::StepRequest& r) {
+  const auto& text = r.text().shape();
+  const auto& anchor = r.anchor().shape();
+  const auto& noised = r.noised().shape();
+  const int64_t f = r.frames_per_chunk();
+  if (text.size() != 3 || anchor.size() != 5 || noised.size() != 5 || f <= 0 ||
+      (r.rope_shifts_size() != 0 && r.rope_shifts_size() != 4)) {
+    return "";
+  }
+  const model::WindowLayout layout{.anchor_h = anchor[3],
+                                   .anchor_w = anchor[4],
+                                   .text_len = text[1],
+                                   .k = noised[2] / f,
+                                   .f = f,
+                                   .h = noised[3],
+                                   .w = noised[4]};
+  std::array<int64_t, 4> shifts{};
+  for (int i = 0; i < r.rope_shifts_size(); ++i) shifts[i] = r.rope_shifts(i);
+  return model::LayoutKey(layout, r.decode(), shifts);
 }
 
 }  // namespace praxis::client

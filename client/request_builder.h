@@ -31,4 +31,11 @@ absl::StatusOr<v1::OutputSelection> ParseOutputs(const std::vector<std::string>&
 absl::StatusOr<v1::StepRequest> MakeStepRequest(const model::StepInputs& in,
                                                 const RequestOptions& options);
 
+// The header a proxy hashes on to send one layout's steps to one replica (deploy/affinity).
+inline constexpr char kLayoutHeader[] = "x-praxis-layout";
+
+// The server's layout key (model::LayoutKey) of `request`, from its shapes alone; empty when the
+// shapes are malformed (the server then refuses the request and names the field).
+std::string LayoutKeyOf(const v1::StepRequest& request);
+
 }  // namespace praxis::client

@@ -10,10 +10,21 @@
 namespace praxis::model {
 
 std::string LayoutKey(const StepInputs& in) {
-  return absl::StrCat("L", in.text.size(1), "_a", in.anchor.size(3), "x", in.anchor.size(4), "_K",
-                      in.noised.size(2) / in.frames_per_chunk, "_F", in.frames_per_chunk, "_g",
-                      in.noised.size(3), "x", in.noised.size(4), in.decode ? "_dec" : "_enc", "_rs",
-                      absl::StrJoin(in.rope_shifts, ","));
+  const WindowLayout layout{.anchor_h = in.anchor.size(3),
+                            .anchor_w = in.anchor.size(4),
+                            .text_len = in.text.size(1),
+                            .k = in.noised.size(2) / in.frames_per_chunk,
+                            .f = in.frames_per_chunk,
+                            .h = in.noised.size(3),
+                            .w = in.noised.size(4)};
+  return LayoutKey(layout, in.decode, in.rope_shifts);
+}
+
+std::string LayoutKey(const WindowLayout& l, bool decode,
+                      const std::array<int64_t, 4>& rope_shifts) {
+  return absl::StrCat("L", l.text_len, "_a", l.anchor_h, "x", l.anchor_w, "_K", l.k, "_F", l.f,
+                      "_g", l.h, "x", l.w, decode ? "_dec" : "_enc", "_rs",
+                      absl::StrJoin(rope_shifts, ","));
 }
 
 StepInputs SyntheticStep(const BackboneConfig& config, const WindowLayout& l, int64_t b,

@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -18,6 +19,11 @@ namespace praxis::model {
 // decode, rope shifts), so their rows stack into one batch that shares both towers' masks and
 // rotary tables. Human-readable: it is returned to clients and used in logs.
 std::string LayoutKey(const StepInputs& in);
+
+// The same key from the geometry alone (registers ignored): the clients compute it from a
+// request's shapes and send it as the x-praxis-layout header, for layout-affinity routing.
+std::string LayoutKey(const WindowLayout& layout, bool decode,
+                      const std::array<int64_t, 4>& rope_shifts);
 
 // Random inputs of `batch` rows for `layout` (registers ignored), deterministic in `seed`: noise
 // for warm-up, benchmarks, load tests and synthetic CLI steps. Timesteps are uniform in [0, 1].

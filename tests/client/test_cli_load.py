@@ -9,8 +9,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-from server_process import Server, tiny_inputs
+from safetensors.numpy import load_file
+from server_process import Server, save_inputs
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(SRC, "build")
@@ -21,13 +21,6 @@ FORWARD = os.environ.get("PRAXIS_FORWARD_BIN", os.path.join(BUILD, "tools", "pra
 
 def run(*args, timeout=120):
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-
-
-def save_inputs(path, **layout):
-    """tiny_inputs(**layout) as praxis-cli and praxis-forward read them."""
-    t = tiny_inputs(**layout)
-    t["frames_per_chunk"] = np.array([t["frames_per_chunk"]], dtype=np.int64)
-    save_file(t, path)
 
 
 def test_cli_health_and_info(server):

@@ -8,9 +8,10 @@
 The protobuf stubs are generated on first import where the installed package carries none; see
 praxis_client._stubs.
 """
-from praxis_client.client import (Client, PraxisError, ProtocolError, RpcFailed, Session,
-                                  StepAssembler, StepFailed, StepResult, assemble, make_request,
-                                  pb)
+from praxis_client.client import (LAYOUT_HEADER, Client, PraxisError, ProtocolError, RpcFailed,
+                                  Session, StepAssembler, StepFailed, StepResult, assemble,
+                                  layout_key, make_request, pb)
 
-__all__ = ["Client", "PraxisError", "ProtocolError", "RpcFailed", "Session", "StepAssembler",
-           "StepFailed", "StepResult", "assemble", "make_request", "pb"]
+__all__ = ["LAYOUT_HEADER", "Client", "PraxisError", "ProtocolError", "RpcFailed", "Session",
+           "StepAssembler", "StepFailed", "StepResult", "assemble", "layout_key", "make_request",
+           "pb"]

@@ -236,6 +236,27 @@ def make_request(*, text, anchor, noised, timesteps, clean=None, frames_per_chun
     return r
 
 
+LAYOUT_HEADER = "x-praxis-layout"
+
+
+def layout_key(request: "pb.StepRequest") -> str:
+    """The server's layout key of `request` (the StepHeader's layout_key), from its shapes alone;
+    "" when they are malformed. Sent as the x-praxis-layout header, on which a proxy can hash to
+    send one layout's steps to one replica, where they batch together (deploy/affinity)."""
+    text, anchor, noised = (list(t.shape) for t in (request.text, request.anchor, request.noised))
+    f = request.frames_per_chunk
+    shifts = list(request.rope_shifts) or [0, 0, 0, 0]
+    if len(text) != 3 or len(anchor) != 5 or len(noised) != 5 or f <= 0 or len(shifts) != 4:
+        return ""
+    return (f"L{text[1]}_a{anchor[3]}x{anchor[4]}_K{noised[2] // f}_F{f}_g{noised[3]}x{noised[4]}"
+            f"_{'dec' if request.decode else 'enc'}_rs{','.join(map(str, shifts))}")
+
+
+def _layout_metadata(request: "pb.StepRequest"):
+    key = layout_key(request)
+    return ((LAYOUT_HEADER, key),) if key else None
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -346,12 +367,13 @@ class Client:
         status = self._retrying(lambda t: self._health(service, timeout=t), timeout)
         return _HEALTH[status] if status < len(_HEALTH) else "UNKNOWN"
 
-    def session(self, timeout: Optional[float] = None) -> "Session":
+    def session(self, timeout: Optional[float] = None, layout: str = "") -> "Session":
         """Opens a Session stream for the consecutive steps of one robot.
 
-        `timeout` bounds the whole session, in seconds; None, no deadline.
+        `timeout` bounds the whole session, in seconds; None, no deadline. `layout`, the
+        layout_key() of the robot's steps, is sent as the x-praxis-layout header for routing.
         """
-        return Session(self._stub, timeout)
+        return Session(self._stub, timeout, ((LAYOUT_HEADER, layout),) if layout else None)
 
     def close(self):
         """Closes the channel; calls in flight are cancelled."""
@@ -364,7 +386,7 @@ class Client:
         self.close()
 
     def _step_once(self, request: "pb.StepRequest", timeout: float) -> StepResult:
-        call = self._stub.Step(request, timeout=timeout)
+        call = self._stub.Step(request, timeout=timeout, metadata=_layout_metadata(request))
         try:
             return assemble(call)
         except ProtocolError:
@@ -396,9 +418,10 @@ class Session:
     control loop). close() it, or use it as a context manager.
     """
 
-    def __init__(self, stub, timeout: Optional[float]):
+    def __init__(self, stub, timeout: Optional[float], metadata=None):
         self._requests = queue.SimpleQueue()
-        self._call = stub.Session(iter(self._requests.get, _END), timeout=timeout)
+        self._call = stub.Session(iter(self._requests.get, _END), timeout=timeout,
+                                  metadata=metadata)
         self._closed = False
         self._broken: Optional[PraxisError] = None
 
