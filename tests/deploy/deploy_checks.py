@@ -126,15 +126,17 @@ def flagfiles(objects, deployment):
     return files
 
 
+def flag_settings(objects, deployment):
+    """Every --flag=value the server container gets, in the order the server reads them: the
+    flagfiles' lines, then the other args. A line that is no --flag=value has value None."""
+    texts = [text or "" for _, text in flagfiles(objects, deployment)]
+    args = [a for a in server_container(deployment).get("args", []) if not a.startswith("--flagfile=")]
+    return parse_flag_lines("\n".join(texts + args))
+
+
 def effective_flags(objects, deployment, defaults):
     """The server's flag values as the Deployment runs it: defaults, then flagfiles and args."""
-    values = dict(defaults)
-    for _, text in flagfiles(objects, deployment):
-        values.update(parse_flag_lines(text or ""))
-    for arg in server_container(deployment).get("args", []):
-        if not arg.startswith("--flagfile="):
-            values.update(parse_flag_lines(arg))
-    return values
+    return {**defaults, **dict(flag_settings(objects, deployment))}
 
 
 def selects(selector, labels):
@@ -157,9 +159,7 @@ def check_server_workload(objects, help_flags, health_serving, metric_names, met
     for path, text in flagfiles(objects, deployment):
         if text is None:
             problems.append(f"flagfile {path}: no ConfigMap key mounted there")
-    for name, value in parse_flag_lines("\n".join(
-            [t or "" for _, t in flagfiles(objects, deployment)] +
-            [a for a in container.get("args", []) if not a.startswith("--flagfile=")])):
+    for name, value in flag_settings(objects, deployment):
         if value is None or name not in help_flags:
             problems.append(f"flag --{name}: not a praxis-server flag")
     flags = effective_flags(objects, deployment, help_flags)
