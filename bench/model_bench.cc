@@ -13,6 +13,7 @@
 
 #include "model/backbone.h"
 #include "model/random_weights.h"
+#include "model/step_cost.h"
 
 namespace praxis::model {
 namespace {
@@ -30,43 +31,6 @@ double PeakRssMiB() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;
-}
-
-// Useful FLOPs of one step: every matmul, and attention over allowed pairs only.
-double StepFlops(const BackboneConfig& c) {
-  const double dim = c.dim, hd = c.head_dim(), h = c.num_heads, kvh = c.num_kv_heads;
-  auto block = [&](const TowerConfig& t, int64_t i, double tokens, double pairs) {
-    double f = 2 * tokens * dim * (h * hd + 2 * kvh * hd + h + dim) + 4 * hd * h * pairs;
-    if (t.is_moe(i)) {
-      const auto& m = c.moe;
-      f += 2 * tokens * dim * m.num_experts + m.top_k * 6 * tokens * dim * m.expert_dim +
-           6 * tokens * dim * m.shared_dim;
-    } else {
-      f += 6 * tokens * dim * t.ffn_dim;
-    }
-    return f;
-  };
-  const MaskKey enc_key = EncoderMaskKey(kBenchLayout, c.flex_block_size);
-  const MaskKey dec_key = DecoderMaskKey(kBenchLayout, c.ph(), c.pw(), c.flex_block_size);
-  const TokenTags et = *WindowTags(enc_key.slots, enc_key.chunk_size);
-  const TokenTags dt = *WindowTags(dec_key.slots, dec_key.chunk_size);
-  const double enc_pairs = AllowedPairs(ChunkCausalRule(et), et, et);
-  const double dec_pairs = AllowedPairs(ChunkCausalRule(dt), dt, dt);
-  const double video =
-      kBenchLayout.k * kBenchLayout.f * kBenchLayout.h * kBenchLayout.w;  // coarse noised tokens
-  const double fine = video * c.ph() * c.pw();
-  double f = 2 *
-                 (kBenchLayout.anchor_h * kBenchLayout.anchor_w +
-                  video * (2 * kBenchLayout.k - 1) / kBenchLayout.k) *
-                 c.latent_channels() * dim +
-             2 * kBenchLayout.text_len * (c.text_dim * 4 * dim + 4 * dim * dim) +
-             2 * video * dim * dim;
-  for (int64_t i = 0; i < c.encoder.depth; ++i) f += block(c.encoder, i, et.length(), enc_pairs);
-  f += 2 * fine * c.decoder.video_in_c_in * dim * 2;  // decoder video_in and video_out
-  for (int64_t i = 0; i < c.decoder.depth; ++i) {
-    f += block(c.decoder, i, dt.length(), dec_pairs) + 2 * video * dim * 2 * dim;
-  }
-  return f;
 }
 
 StepInputs BenchStep(const BackboneConfig& c) {
@@ -92,7 +56,7 @@ void BM_Step(benchmark::State& state) {
   const double rss_before = PeakRssMiB();
   if (!model->Forward(in).ok()) state.SkipWithError("forward failed");  // warm: builds masks
   for (auto _ : state) benchmark::DoNotOptimize(model->Forward(in));
-  const double flops = StepFlops(c);
+  const double flops = ComputeStepCost(c, kBenchLayout, /*decode=*/true, 1).flops;
   state.counters["useful_GFLOP"] = flops / 1e9;
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
