@@ -2,9 +2,11 @@
 
 #include <bit>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 
 namespace praxis::serve {
@@ -55,28 +57,29 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& t, absl::string_vie
     return absl::InvalidArgumentError(absl::StrCat(field, ".shape: expected at most ", kMaxDims,
                                                    " dimensions, got ", t.shape_size()));
   }
-  std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
-  // Overflow-checked: a product over 2^62 elements cannot be a real request.
-  uint64_t numel = 1;
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".shape: expected non-negative sizes, got [", absl::StrJoin(shape, ", "), "]"));
-    }
-    if (d != 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(d)) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".shape: too many elements"));
-    }
-    numel *= static_cast<uint64_t>(d);
+  const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  // Checked: the expected byte count of [2^62] float32 must not wrap to 0, and a zero dimension
+  // must not hide an overflowing product of the others ([0, 2^40, 2^40]).
+  const std::optional<int64_t> numel = CheckedProduct(shape, INT64_MAX / element);
+  if (!numel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: expected non-negative sizes whose ", c10::toString(dtype),
+                     " bytes fit in 64 bits, got [", absl::StrJoin(shape, ", "), "]"));
   }
-  const uint64_t want = numel * c10::elementSize(dtype);
-  if (t.data().size() != want) {
+  const int64_t want = *numel * element;
+  if (static_cast<int64_t>(t.data().size()) != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".data: expected ", want, " bytes for shape [", absl::StrJoin(shape, ", "), "] of ",
         c10::toString(dtype), ", got ", t.data().size()));
   }
-  torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  if (want > 0) std::memcpy(out.data_ptr(), t.data().data(), want);
-  return out;
+  try {
+    torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    if (want > 0) std::memcpy(out.data_ptr(), t.data().data(), want);
+    return out;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot hold the tensor: ", e.what()));
+  }
 }
 
 namespace {

@@ -52,9 +52,25 @@ TEST(TensorCodecTest, RejectsMalformedTensorsNamingTheField) {
   t.clear_shape();
   t.add_shape(int64_t{1} << 40);
   t.add_shape(int64_t{1} << 40);
-  EXPECT_NE(DecodeTensor(t, "x").status().message().find("too many"), std::string::npos);
+  EXPECT_NE(DecodeTensor(t, "x").status().message().find("x.shape: expected"), std::string::npos);
   EXPECT_FALSE(EncodeTensor(torch::zeros({2}), v1::INT64).ok())
       << "float outputs need a float wire";
+}
+
+// Shapes whose byte count wraps modulo 2^64 (or hides behind a zero) once expected 0 bytes, and
+// torch::empty then threw through validation.
+TEST(TensorCodecTest, RefusesShapesWhoseByteCountOverflows) {
+  const int64_t big = int64_t{1} << 62, half = int64_t{1} << 31, huge = int64_t{1} << 40;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {big}, {half, half}, {big, 1, 1}, {0, huge, huge}, {INT64_MAX}, {3, INT64_MAX / 2}};
+  for (const auto& shape : shapes) {
+    v1::Tensor t;
+    t.set_dtype(v1::FLOAT32);
+    for (int64_t d : shape) t.add_shape(d);
+    const absl::Status s = DecodeTensor(t, "noised").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shape[0];
+    EXPECT_NE(s.message().find("noised.shape: expected"), std::string::npos) << s;
+  }
 }
 
 }  // namespace
