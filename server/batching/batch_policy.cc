@@ -11,7 +11,8 @@ BatchDecision NextBatch(absl::Span<const QueueState> queues, absl::Time now,
   for (const QueueState& q : queues) {
     if (q.rows <= 0) continue;
     const absl::Time due = q.oldest_enqueued + options.max_queue_delay;
-    const bool ready = q.rows >= options.max_batch_rows || due <= now;
+    const bool ready =
+        q.rows >= options.max_batch_rows || q.cost >= options.max_batch_cost || due <= now;
     if (ready) {
       if (best == nullptr || q.oldest_enqueued < best->oldest_enqueued) best = &q;
     } else {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,9 @@ struct BatchOptions {
   absl::Duration max_queue_delay = absl::Milliseconds(5);  // ... or this long after its oldest
   int64_t max_queue_requests = 1024;                       // total queued, all keys
   int64_t max_queue_bytes = int64_t{1} << 30;              // total queued bytes, all keys
+  // A batch closes before its tasks' summed Task::cost() would exceed this; a single task over it
+  // still runs alone (admission bounds each task's cost).
+  double max_batch_cost = std::numeric_limits<double>::infinity();
 };
 
 // What the policy needs to know of one layout key's queue.
@@ -22,6 +26,7 @@ struct QueueState {
   std::string key;
   absl::Time oldest_enqueued;  // when the task at its head arrived
   int64_t rows = 0;            // rows queued under this key
+  double cost = 0;             // summed Task::cost() queued under this key
 };
 
 // The policy's answer: the key to run now, if any, else when to look again.
@@ -30,9 +35,9 @@ struct BatchDecision {
   absl::Time wake_at = absl::InfiniteFuture();
 };
 
-// A queue is ready when it holds max_batch_rows rows or its oldest task has waited
-// max_queue_delay; among ready queues the one with the oldest task runs first, so no key starves.
-// Pure: a function of its arguments only, so it is tested with literal times.
+// A queue is ready when it holds max_batch_rows rows or max_batch_cost of work, or its oldest
+// task has waited max_queue_delay; among ready queues the one with the oldest task runs first, so
+// no key starves. Pure: a function of its arguments only, so it is tested with literal times.
 BatchDecision NextBatch(absl::Span<const QueueState> queues, absl::Time now,
                         const BatchOptions& options);
 

@@ -8,10 +8,14 @@ namespace praxis::batching {
 
 Batcher::Batcher(BatchOptions options, Runner runner, int workers)
     : options_(options), runner_(std::move(runner)) {
-  for (int i = 0; i < std::max(1, workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  running_workers_ = std::max(1, workers);
+  for (int i = 0; i < running_workers_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
-Batcher::~Batcher() { Drain(absl::ZeroDuration()); }
+Batcher::~Batcher() {
+  Drain(absl::ZeroDuration());
+  for (std::thread& w : workers_) w.join();
+}
 
 absl::Status Batcher::Submit(std::unique_ptr<Task>& task) {
   if (task->rows() < 1) {
@@ -72,9 +76,12 @@ std::vector<std::unique_ptr<Task>> Batcher::TakeBatchLocked(const std::string& k
   std::deque<Queued>& q = queues_[key];
   std::vector<std::unique_ptr<Task>> batch;
   int64_t rows = 0;
+  double cost = 0;
   while (!q.empty() &&
-         (batch.empty() || rows + q.front().task->rows() <= options_.max_batch_rows)) {
+         (batch.empty() || (rows + q.front().task->rows() <= options_.max_batch_rows &&
+                            cost + q.front().task->cost() <= options_.max_batch_cost))) {
     rows += q.front().task->rows();
+    cost += q.front().task->cost();
     Forget(*q.front().task);
     batch.push_back(std::move(q.front().task));
     q.pop_front();
@@ -97,11 +104,13 @@ void Batcher::WorkerLoop() {
       absl::Time earliest_deadline = absl::InfiniteFuture();
       for (const auto& [key, q] : queues_) {
         int64_t rows = 0;
+        double cost = 0;
         for (const Queued& t : q) {
           rows += t.task->rows();
+          cost += t.task->cost();
           earliest_deadline = std::min(earliest_deadline, t.task->deadline());
         }
-        states.push_back({key, q.front().enqueued, rows});
+        states.push_back({key, q.front().enqueued, rows, cost});
       }
       BatchOptions policy = options_;
       if (draining_) policy.max_queue_delay = absl::ZeroDuration();  // run everything now
@@ -120,22 +129,26 @@ void Batcher::WorkerLoop() {
     }
     for (auto& [task, why] : dropped) task->Fail(why);
     if (!batch.empty()) runner_(std::move(batch));
-    if (exit) return;
+    if (exit) {
+      absl::MutexLock lock(&mu_);
+      --running_workers_;
+      wake_.SignalAll();
+      return;
+    }
   }
 }
 
-void Batcher::Drain(absl::Duration grace) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!draining_) {
-      draining_ = true;
-      drain_deadline_ = absl::Now() + grace;
-    }
-    wake_.SignalAll();
+bool Batcher::Drain(absl::Duration grace) {
+  absl::MutexLock lock(&mu_);
+  if (!draining_) {
+    draining_ = true;
+    drain_deadline_ = absl::Now() + grace;
   }
-  for (std::thread& w : workers_) {
-    if (w.joinable()) w.join();
+  wake_.SignalAll();
+  // Bounded: a batch that outlives the grace is left running (the process is about to exit).
+  while (running_workers_ > 0 && !wake_.WaitWithDeadline(&mu_, drain_deadline_)) {
   }
+  return running_workers_ == 0;
 }
 
 BatcherStats Batcher::stats() const {

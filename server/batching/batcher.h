@@ -33,8 +33,9 @@ struct BatcherStats {
 // Thread-safe. Submit never blocks: beyond the request or byte budget it refuses at once with
 // RESOURCE_EXHAUSTED (and UNAVAILABLE once draining). Before each batch, queued tasks whose
 // deadline passed are failed with DEADLINE_EXCEEDED and cancelled ones with CANCELLED; neither is
-// run. A batch holds tasks of one key, in arrival order, up to max_batch_rows rows (a task larger
-// than that runs alone); the runner receives ownership and answers each task exactly once.
+// run. A batch holds tasks of one key, in arrival order, up to max_batch_rows rows and
+// max_batch_cost of work (a task larger than either runs alone); the runner receives ownership and
+// answers each task exactly once.
 class Batcher {
  public:
   using Runner = std::function<void(std::vector<std::unique_ptr<Task>> batch)>;
@@ -52,8 +53,9 @@ class Batcher {
   absl::Status Submit(std::unique_ptr<Task>& task);
 
   // Stops accepting, runs what is queued for up to `grace`, fails the rest UNAVAILABLE, and waits
-  // for the workers. Idempotent.
-  void Drain(absl::Duration grace);
+  // for the workers until the same deadline. True when every worker has exited; false when a batch
+  // still runs (the destructor then waits for it). Idempotent.
+  bool Drain(absl::Duration grace);
 
   BatcherStats stats() const;
 
@@ -79,6 +81,7 @@ class Batcher {
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  int running_workers_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;
 };
 

@@ -21,6 +21,9 @@ class Task {
   // Rows this task adds to a batch (its client batch size B >= 1); a task is never split.
   virtual int64_t rows() const = 0;
   virtual int64_t bytes() const = 0;
+  // The work this task adds to a batch, in the unit of BatchOptions::max_batch_cost (praxis-server:
+  // useful GFLOP); 0 for tasks that do not say.
+  virtual double cost() const { return 0; }
   // absl::InfiniteFuture() when the caller set none.
   virtual absl::Time deadline() const = 0;
   virtual bool cancelled() const = 0;

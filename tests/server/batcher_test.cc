@@ -41,14 +41,25 @@ TEST(NextBatchTest, OldestReadyQueueGoesFirst) {
   EXPECT_EQ(NextBatch(q, kT0 + absl::Milliseconds(6), o).run, "full-new");
 }
 
+TEST(NextBatchTest, ClosesOnCost) {
+  const BatchOptions o{
+      .max_batch_rows = 8, .max_queue_delay = absl::Milliseconds(10), .max_batch_cost = 5.0};
+  const std::vector<QueueState> q = {{"a", kT0, 2, 5.0}};
+  EXPECT_EQ(NextBatch(q, kT0, o).run, "a") << "a full batch's worth of work runs at once";
+  const std::vector<QueueState> cheap = {{"a", kT0, 2, 4.0}};
+  EXPECT_FALSE(NextBatch(cheap, kT0, o).run);
+}
+
 // A task that records its final answer.
 class FakeTask : public Task {
  public:
-  FakeTask(std::string key, int64_t rows, absl::Time deadline = absl::InfiniteFuture())
-      : key_(std::move(key)), rows_(rows), deadline_(deadline) {}
+  FakeTask(std::string key, int64_t rows, absl::Time deadline = absl::InfiniteFuture(),
+           double cost = 0)
+      : key_(std::move(key)), rows_(rows), deadline_(deadline), cost_(cost) {}
   const std::string& layout_key() const override { return key_; }
   int64_t rows() const override { return rows_; }
   int64_t bytes() const override { return 100 * rows_; }
+  double cost() const override { return cost_; }
   absl::Time deadline() const override { return deadline_; }
   bool cancelled() const override { return cancelled_; }
   void Fail(absl::Status s) override {
@@ -69,6 +80,7 @@ class FakeTask : public Task {
   std::string key_;
   int64_t rows_;
   absl::Time deadline_;
+  double cost_;
 };
 
 // What the batcher owns: a forwarder to a FakeTask the test owns, so the test can read a task's
@@ -79,6 +91,7 @@ class ProxyTask : public Task {
   const std::string& layout_key() const override { return t_->layout_key(); }
   int64_t rows() const override { return t_->rows(); }
   int64_t bytes() const override { return t_->bytes(); }
+  double cost() const override { return t_->cost(); }
   absl::Time deadline() const override { return t_->deadline(); }
   bool cancelled() const override { return t_->cancelled(); }
   void Fail(absl::Status s) override { t_->Fail(std::move(s)); }
@@ -180,6 +193,29 @@ TEST(BatcherTest, MultiRowTaskIsNeverSplit) {
       EXPECT_LE(n, 4);
     }
   }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
+}
+
+// Rows would allow one batch of 4; the cost budget splits them so no batch exceeds it, and a task
+// over the budget on its own still runs, alone.
+TEST(BatcherTest, BatchCostNeverExceedsTheBudget) {
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  std::vector<FakeTask*> tasks;
+  {
+    Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Seconds(10), .max_batch_cost = 5},
+              std::ref(runner));
+    for (double cost : {2.0, 2.0, 2.0, 9.0}) {
+      tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 1, absl::InfiniteFuture(), cost)));
+    }
+    gate.Notify();
+    for (FakeTask* t : tasks) t->done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  absl::MutexLock lock(&runner.mu);
+  std::vector<size_t> sizes;
+  for (const auto& [key, rows] : runner.batches) sizes.push_back(rows.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{2, 1, 1})) << "2+2 fit in 5; 2+9 does not";
   for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
 }
 
