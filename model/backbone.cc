@@ -206,7 +206,7 @@ VideoBackbone::VideoBackbone(BackboneConfig config, BackboneOptions options,
     : config_(std::move(config)),
       options_(options),
       w_(std::move(w)),
-      mask_cache_(options.mask_cache_entries) {}
+      mask_cache_(options.mask_cache_entries, options.mask_cache_bytes) {}
 
 VideoBackbone::~VideoBackbone() = default;
 

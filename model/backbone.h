@@ -28,6 +28,7 @@ struct BackboneOptions {
   torch::Device device = torch::kCPU;
   AttentionMode attention = AttentionMode::kSparse;
   int64_t mask_cache_entries = 64;
+  int64_t mask_cache_bytes = int64_t{256} << 20;
 };
 
 // The tensors of one step, batch-first (SPEC §2). `clean` is undefined iff K == 1.

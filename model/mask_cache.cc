@@ -21,7 +21,8 @@ absl::StatusOr<TowerMask> BuildGuarded(MaskCache::Builder build) {
 
 }  // namespace
 
-MaskCache::MaskCache(int64_t max_entries) : max_entries_(std::max<int64_t>(1, max_entries)) {}
+MaskCache::MaskCache(int64_t max_entries, int64_t max_bytes)
+    : max_entries_(std::max<int64_t>(1, max_entries)), max_bytes_(max_bytes) {}
 
 absl::StatusOr<std::shared_ptr<const TowerMask>> MaskCache::Get(const MaskKey& key, Builder build) {
   std::shared_ptr<Node> node;
@@ -40,13 +41,21 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> MaskCache::Get(const MaskKey& k
       lru_.push_front(key);
       node->lru_position = lru_.begin();
       nodes_.emplace(key, node);
-      EvictLocked();
+      EvictLocked(node.get());
     }
   }
   if (must_build) {
     absl::StatusOr<TowerMask> built = BuildGuarded(build);
     if (built.ok()) {
-      node->result = std::make_shared<const TowerMask>(*std::move(built));
+      auto mask = std::make_shared<const TowerMask>(*std::move(built));
+      node->result = mask;
+      absl::MutexLock lock(&mu_);
+      auto it = nodes_.find(key);
+      if (it != nodes_.end() && it->second == node) {  // not evicted while it was built
+        node->bytes = mask->nbytes();
+        bytes_ += node->bytes;
+        EvictLocked(node.get());
+      }
     } else {
       node->result = built.status();
       absl::MutexLock lock(&mu_);
@@ -77,13 +86,20 @@ MaskCacheStats MaskCache::stats() const {
   absl::MutexLock lock(&mu_);
   MaskCacheStats s = stats_;
   s.entries = static_cast<int64_t>(nodes_.size());
+  s.bytes = bytes_;
   return s;
 }
 
-void MaskCache::EvictLocked() {
-  while (static_cast<int64_t>(nodes_.size()) > max_entries_) {
-    nodes_.erase(lru_.back());
-    lru_.pop_back();
+void MaskCache::EvictLocked(const Node* keep) {
+  auto victim = lru_.end();
+  while ((static_cast<int64_t>(nodes_.size()) > max_entries_ || bytes_ > max_bytes_) &&
+         victim != lru_.begin()) {
+    --victim;
+    auto it = nodes_.find(*victim);
+    if (it->second.get() == keep) continue;
+    bytes_ -= it->second->bytes;
+    nodes_.erase(it);
+    victim = lru_.erase(victim);
     ++stats_.evictions;
   }
 }

@@ -21,6 +21,7 @@ struct MaskCacheStats {
   int64_t misses = 0;     // lookups that built the entry
   int64_t evictions = 0;  // entries dropped to stay within capacity
   int64_t entries = 0;    // entries held now
+  int64_t bytes = 0;      // bytes the built entries hold now (TowerMask::nbytes)
 };
 
 // What a tower layout's attention reads, built once per layout: the BlockMask, and (filled by the
@@ -34,7 +35,9 @@ struct TowerMask {
 };
 
 // A small LRU cache of built tower masks keyed by MaskKey (the layout key), shared by every batch
-// of a model.
+// of a model, bounded by entries and by bytes: a dense [T, T] mask or a long layout's plan is
+// charged what it holds, so many hostile layouts cannot grow it without bound. The entry just
+// built is never evicted to make room for itself, so one entry over the byte bound is held alone.
 //
 // Like LevelDB's Cache, it hands out shared references: an entry evicted while a batch still uses
 // it stays alive until that batch drops it. Thread-safe. A missing key is built exactly once, by
@@ -45,7 +48,7 @@ class MaskCache {
  public:
   using Builder = absl::FunctionRef<absl::StatusOr<TowerMask>()>;
 
-  explicit MaskCache(int64_t max_entries = 64);
+  explicit MaskCache(int64_t max_entries = 64, int64_t max_bytes = int64_t{256} << 20);
   MaskCache(const MaskCache&) = delete;
   MaskCache& operator=(const MaskCache&) = delete;
 
@@ -57,17 +60,22 @@ class MaskCache {
 
   MaskCacheStats stats() const;
   int64_t max_entries() const { return max_entries_; }
+  int64_t max_bytes() const { return max_bytes_; }
 
  private:
   struct Node {
     absl::Notification built;
     absl::StatusOr<std::shared_ptr<const TowerMask>> result;
     std::list<MaskKey>::iterator lru_position;
+    int64_t bytes = 0;  // charged once built
   };
 
-  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops least recently used entries, other than `keep`, until within both bounds.
+  void EvictLocked(const Node* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_entries_;
+  const int64_t max_bytes_;
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<MaskKey, std::shared_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
   std::list<MaskKey> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first

@@ -46,6 +46,30 @@ TEST(MaskCacheTest, SecondLookupHitsAndReturnsTheSameMask) {
   EXPECT_TRUE(torch::equal(first->block.TileClasses(), BuildTowerMask(b.key)->TileClasses()));
 }
 
+// Each entry holds a 1000-byte dense mask on top of its BlockMask: three do not fit in 2500 bytes
+// of budget, and one larger than the whole budget is still held (alone) so its batch can use it.
+TEST(MaskCacheTest, ChargesEntriesByBytes) {
+  auto with_dense = [](int64_t text, int64_t bytes) {
+    return [=]() -> absl::StatusOr<TowerMask> {
+      return TowerMask{*BuildTowerMask(KeyWithText(text)), {}, torch::zeros({bytes}, torch::kBool)};
+    };
+  };
+  const int64_t block = (*BuildTowerMask(KeyWithText(1))).nbytes();
+  MaskCache cache(64, 2 * (1000 + block) + 500);
+  ASSERT_TRUE(cache.Get(KeyWithText(1), with_dense(1, 1000)).ok());
+  ASSERT_TRUE(cache.Get(KeyWithText(2), with_dense(2, 1000)).ok());
+  EXPECT_EQ(cache.stats().evictions, 0);
+  EXPECT_GE(cache.stats().bytes, 2000);
+  ASSERT_TRUE(cache.Get(KeyWithText(3), with_dense(3, 1000)).ok());
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_EQ(cache.stats().entries, 2);
+  EXPECT_LE(cache.stats().bytes, cache.max_bytes());
+  auto big = cache.Get(KeyWithText(4), with_dense(4, 100000));
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(cache.stats().entries, 1) << "the others made room";
+  EXPECT_GE((*big)->nbytes(), 100000);
+}
+
 TEST(MaskCacheTest, EvictsLeastRecentlyUsedBeyondCapacity) {
   MaskCache cache(2);
   ASSERT_TRUE(cache.GetTower(KeyWithText(1)).ok());
