@@ -1,7 +1,9 @@
 #include "server/batch_runner.h"
 
+#include <exception>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "model/step_batch.h"
 #include "server/step_task.h"
 
@@ -18,27 +20,35 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
     rows += t->rows();
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<model::BackboneOutput> out = [&]() -> absl::StatusOr<model::BackboneOutput> {
-    try {
-      return model.Run(model::StackSteps(inputs));
-    } catch (const std::exception& e) {  // StackSteps is LibTorch
-      return absl::InternalError(std::string("stacking the batch: ") + e.what());
+  // The torch boundary of the worker: stacking, the run and the row slices may all throw, and an
+  // exception here would end the process with every step in flight.
+  std::vector<absl::StatusOr<model::BackboneOutput>> outputs;
+  try {
+    absl::StatusOr<model::BackboneOutput> out = model.Run(model::StackSteps(inputs));
+    int64_t row = 0;
+    for (StepTask* task : tasks) {
+      if (out.ok()) {
+        outputs.push_back(model::SliceRows(*out, row, task->rows()));
+      } else {
+        outputs.push_back(out.status());
+      }
+      row += task->rows();
     }
-  }();
+  } catch (const std::exception& e) {
+    outputs.assign(tasks.size(),
+                   absl::InternalError(absl::StrCat("running the batch: ", e.what())));
+  }
   const absl::Duration compute = absl::Now() - start;
   metrics.ObserveBatch(rows, compute);
-  int64_t row = 0;
-  for (StepTask* task : tasks) {
-    const absl::Duration queued = start - task->accepted();
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const absl::Duration queued = start - tasks[i]->accepted();
     metrics.ObserveQueue(queued);
-    if (!out.ok()) {
-      task->Complete(out.status());
+    if (!outputs[i].ok()) {
+      tasks[i]->Complete(outputs[i].status());
       continue;
     }
-    StepResult r{model::SliceRows(*out, row, task->rows()), task->layout_key(), queued, compute,
-                 rows};
-    row += task->rows();
-    task->Complete(std::move(r));
+    tasks[i]->Complete(
+        StepResult{*std::move(outputs[i]), tasks[i]->layout_key(), queued, compute, rows});
   }
 }
 

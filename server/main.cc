@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -36,13 +37,38 @@ ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16; empty keeps the
 ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
 ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 keeps LibTorch's default");
 ABSL_FLAG(int64_t, mask_cache_entries, 64, "tower layouts whose masks stay cached");
+ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
+          "bytes the cached masks and attention plans may hold (least recently used evicted)");
 ABSL_FLAG(int64_t, max_batch_size, 8, "a batch closes at this many rows");
 ABSL_FLAG(absl::Duration, max_queue_delay, absl::Milliseconds(5),
           "... or this long after its oldest request arrived");
 ABSL_FLAG(int64_t, max_queue_requests, 1024, "queued requests beyond which RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queue_bytes, int64_t{1} << 30, "queued input bytes beyond which the same");
-ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request message");
+ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload (>= 8)");
+ABSL_FLAG(int64_t, max_message_bytes, 0,
+          "largest request message; 0: the largest legal request of the loaded model under the "
+          "limits below (printed at start)");
+ABSL_FLAG(double, max_request_cost, 10,
+          "useful GFLOP of one request (matmuls + attention over allowed pairs, all its rows); "
+          "more is refused RESOURCE_EXHAUSTED. 10 runs in about a second on the embedded model "
+          "with 2 CPU cores: raise it for larger models and GPUs");
+ABSL_FLAG(double, max_batch_cost, 0,
+          "useful GFLOP of one batch: a batch closes before it would exceed it; 0: "
+          "--max_request_cost");
+ABSL_FLAG(int64_t, max_response_bytes, 0,
+          "tensor bytes of one answer; 0: the largest legal answer of the loaded model");
+ABSL_FLAG(int64_t, max_pending_response_bytes, int64_t{512} << 20,
+          "answer bytes admitted but not yet taken by their readers, all calls; beyond it new "
+          "steps are refused RESOURCE_EXHAUSTED, never computed");
+ABSL_FLAG(absl::Duration, write_timeout, absl::Seconds(30),
+          "a call whose reader takes no data for this long is cancelled and its answer freed");
+ABSL_FLAG(int32_t, max_streams_per_connection, 64, "concurrent calls on one HTTP/2 connection");
+ABSL_FLAG(int64_t, max_request_memory_bytes, int64_t{1} << 30,
+          "gRPC ResourceQuota: memory the server's transport may use for requests");
+ABSL_FLAG(double, max_abs_input, 1e4,
+          "largest |x| of any float input (text, anchor, clean, noised)");
+ABSL_FLAG(int64_t, max_dense_mask_bytes, int64_t{64} << 20,
+          "with --attention=dense: largest [T, T] mask of a tower; longer layouts are refused");
 ABSL_FLAG(int64_t, max_request_rows, 64, "largest client batch B of one request");
 ABSL_FLAG(int64_t, max_text_len, 1024, "longest text L");
 ABSL_FLAG(int64_t, max_grid, 128, "largest latent grid side (h, w, anchor)");
@@ -59,7 +85,8 @@ ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
 namespace praxis::serve {
 namespace {
 
-ServerOptions OptionsFromFlags() {
+// The serving options for a model of `config`; limits left at 0 are derived from it.
+ServerOptions OptionsFromFlags(const model::BackboneConfig& config, bool dense_attention) {
   ServerOptions o;
   o.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
@@ -80,6 +107,20 @@ ServerOptions OptionsFromFlags() {
   l.max_grid_h = l.max_grid_w = absl::GetFlag(FLAGS_max_grid);
   l.max_frames = absl::GetFlag(FLAGS_max_frames);
   l.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  l.max_abs_input = absl::GetFlag(FLAGS_max_abs_input);
+  l.max_request_gflop = absl::GetFlag(FLAGS_max_request_cost);
+  l.dense_attention = dense_attention;
+  l.max_dense_mask_bytes = absl::GetFlag(FLAGS_max_dense_mask_bytes);
+  const double batch_cost = absl::GetFlag(FLAGS_max_batch_cost);
+  o.batch.max_batch_cost = batch_cost > 0 ? batch_cost : l.max_request_gflop;
+  const MessageBounds largest = LargestLegalStep(config, l);
+  l.max_response_bytes = absl::GetFlag(FLAGS_max_response_bytes);
+  if (l.max_response_bytes <= 0) l.max_response_bytes = largest.response_bytes;
+  if (o.max_message_bytes <= 0) o.max_message_bytes = largest.request_bytes;
+  o.service.max_pending_response_bytes = absl::GetFlag(FLAGS_max_pending_response_bytes);
+  o.service.write_timeout = absl::GetFlag(FLAGS_write_timeout);
+  o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  o.request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
   return o;
 }
 
@@ -103,13 +144,14 @@ absl::Status Run() {
   PRAXIS_ASSIGN_OR_RETURN(backbone.attention,
                           model::ParseAttention(absl::GetFlag(FLAGS_attention)));
   backbone.mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
+  backbone.mask_cache_bytes = absl::GetFlag(FLAGS_mask_cache_bytes);
   const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                                   .config_path = absl::GetFlag(FLAGS_config),
                                   .seed = absl::GetFlag(FLAGS_seed),
                                   .dtype = absl::GetFlag(FLAGS_dtype)};
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, backbone));
   const model::BackboneConfig& c = loaded.model->config();
-  ServerOptions options = OptionsFromFlags();
+  ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model));
   options.model = {
       loaded.name, runner->device(), runner->dtype(),
@@ -126,18 +168,32 @@ absl::Status Run() {
             << absl::FormatDuration(options.batch.max_queue_delay) << " queue "
             << options.batch.max_queue_requests << " rows " << l.max_rows << " text "
             << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
-            << " tokens " << l.max_tokens << std::endl;
+            << " tokens " << l.max_tokens << " cost " << l.max_request_gflop << " GFLOP message "
+            << options.max_message_bytes << " response " << l.max_response_bytes << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
   const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));
   std::cout << "praxis-server: signal " << sig << ", draining (grace "
             << absl::FormatDuration(grace) << ")" << std::endl;
-  server->Drain(grace);
+  // Exit 0 within the grace in every case: the drain is bounded in phases, and this backstop
+  // covers what no phase can interrupt (a LibTorch call that does not return).
+  std::thread backstop([grace] {
+    absl::SleepFor(grace + absl::Milliseconds(700));
+    std::cout << "praxis-server: drain exceeded the grace; exiting" << std::endl;
+    std::_Exit(0);
+  });
+  backstop.detach();
+  const bool clean = server->Drain(grace);
   const batching::BatcherStats s = server->batcher_stats();
   const ServiceCounts n = server->service_counts();
   std::cout << "praxis-server: stopped after " << s.batches << " batches: " << n.accepted
-            << " steps accepted, " << n.answered_ok << " answered OK" << std::endl;
-  return absl::OkStatus();
+            << " steps accepted, " << n.answered_ok << " answered OK, " << n.write_timeouts
+            << " cancelled for stalled readers" << std::endl;
+  if (!clean)
+    std::cout << "praxis-server: a batch outlived the grace; not waiting for it" << std::endl;
+  // Nothing is left to answer: skip tearing down a model a wedged batch may still use, and the
+  // metrics exposer (about 2 s), so that the exit stays within the grace.
+  std::_Exit(0);
 }
 
 }  // namespace

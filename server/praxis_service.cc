@@ -1,9 +1,12 @@
 #include "server/praxis_service.h"
 
 #include <chrono>
+#include <exception>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "server/grpc_status.h"
 #include "server/step_response.h"
 
@@ -20,140 +23,197 @@ absl::Time CallDeadline(const grpc::CallbackServerContext* ctx) {
 
 }  // namespace
 
+// One step's answer chain, shared by both reactors: admission, the batcher's result turned into
+// messages, each message written with the watchdog's clock running, and the metrics of the step.
+// Not thread-safe: its reactor calls it from one reaction at a time.
+class AnswerChain {
+ public:
+  AnswerChain(StepContext& ctx, grpc::ServerContextBase* call, const char* method)
+      : ctx_(ctx), clock_(ctx.watchdog().Watch(call)), method_(method) {}
+
+  // Starts a step; `done` receives its result (see StepContext::Submit).
+  void Submit(const v1::StepRequest& request, absl::Time deadline,
+              std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done) {
+    start_ = absl::Now();
+    request_id_ = request.request_id();
+    ctx_.metrics().AddReceivedBytes(static_cast<int64_t>(request.ByteSizeLong()));
+    ctx_.Submit(request, deadline, std::move(cancelled), std::move(done), &admitted_);
+  }
+
+  // The batcher's result: OK once the first message is ready to write, else the step's error.
+  absl::Status Start(absl::StatusOr<StepResult> r) {
+    if (!r.ok()) return r.status();
+    absl::StatusOr<StepResponder> responder = StepResponder::Create(
+        *r, admitted_.plan, request_id_, start_, ctx_.options().max_chunk_bytes);
+    if (!responder.ok()) return responder.status();
+    responder_.emplace(*std::move(responder));
+    return absl::OkStatus();
+  }
+
+  // The next message in `msg` (true), or false when the answer is complete; an encoding error
+  // ends the step. The watchdog's clock runs from here until WriteDone.
+  absl::StatusOr<bool> Next(v1::StepResponse* msg) {
+    absl::StatusOr<bool> more = responder_->Next(msg);
+    if (more.ok() && *more) {
+      ctx_.metrics().AddSentBytes(static_cast<int64_t>(msg->ByteSizeLong()));
+      clock_->WriteStarted();
+    }
+    return more;
+  }
+  void WriteDone() { clock_->WriteDone(); }
+  void CallDone() { clock_->CallDone(); }
+
+  // Ends the step: its metrics, and the answer's budget released.
+  void Finish(const absl::Status& s) {
+    ctx_.metrics().CountRequest(method_, s.code());
+    if (s.ok()) {
+      ctx_.metrics().ObserveLatency(method_, absl::Now() - start_);
+      ctx_.CountAnsweredOk();
+    }
+    responder_.reset();
+    admitted_ = Admission();
+  }
+
+  bool answering() const { return responder_.has_value(); }
+  const std::string& request_id() const { return request_id_; }
+
+ private:
+  StepContext& ctx_;
+  const std::shared_ptr<WriteWatchdog::Clock> clock_;
+  const char* const method_;
+  absl::Time start_;
+  std::string request_id_;
+  Admission admitted_;
+  std::optional<StepResponder> responder_;
+};
+
 // One Step call: submit in the constructor, then a write chain from the batcher worker's answer.
 // Owns itself; deleted in OnDone.
 class StepReactor final : public grpc::ServerWriteReactor<v1::StepResponse> {
  public:
-  StepReactor(PraxisService* service, grpc::CallbackServerContext* ctx,
+  StepReactor(StepContext& service, grpc::CallbackServerContext* ctx,
               const v1::StepRequest* request)
-      : service_(service), request_id_(request->request_id()) {
-    service_->metrics().AddReceivedBytes(static_cast<int64_t>(request->ByteSizeLong()));
-    service_->Submit(
-        *request, CallDeadline(ctx), cancelled_,
-        [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); }, &plan_);
+      : chain_(service, ctx, "Step") {
+    chain_.Submit(*request, CallDeadline(ctx), cancelled_,
+                  [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); });
   }
 
   void OnWriteDone(bool ok) override {
+    chain_.WriteDone();
     if (!ok) return End(absl::CancelledError("the client went away mid-stream"));
     WriteNext();
   }
   void OnCancel() override { cancelled_->store(true); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    chain_.CallDone();
+    delete this;
+  }
 
  private:
   void OnResult(absl::StatusOr<StepResult> r) {
-    if (!r.ok()) return End(r.status());
-    absl::StatusOr<StepResponder> responder = StepResponder::Create(
-        *r, plan_, request_id_, accepted_, service_->options().max_chunk_bytes);
-    if (!responder.ok()) return End(responder.status());
-    responder_.emplace(std::move(*responder));
+    const absl::Status s = chain_.Start(std::move(r));
+    if (!s.ok()) return End(s);
     WriteNext();
   }
 
   void WriteNext() {
-    if (!responder_->Next(&msg_)) return End(absl::OkStatus());
-    service_->metrics().AddSentBytes(static_cast<int64_t>(msg_.ByteSizeLong()));
+    absl::StatusOr<bool> more = chain_.Next(&msg_);
+    if (!more.ok()) return End(more.status());
+    if (!*more) return End(absl::OkStatus());
     StartWrite(&msg_);
   }
 
   void End(const absl::Status& s) {
-    service_->metrics().CountRequest("Step", s.code());
-    if (s.ok()) {
-      service_->metrics().ObserveLatency("Step", absl::Now() - accepted_);
-      service_->CountAnsweredOk();
-    }
+    chain_.Finish(s);
     Finish(ToGrpcStatus(s));
   }
 
-  PraxisService* const service_;
-  const absl::Time accepted_ = absl::Now();
-  const std::string request_id_;
+  AnswerChain chain_;
   const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
-  OutputPlan plan_;
-  std::optional<StepResponder> responder_;
   v1::StepResponse msg_;
 };
 
 // One Session: read a step, submit it, write its answer (or a StepError), read the next. One step
-// at a time, so answers come in request order. Owned by `self_` (and briefly by a draining
-// service); released in OnDone.
+// at a time, so answers come in request order, and a read and a write are never in flight
+// together. Owned by `self_` (and briefly by a draining service); released in OnDone.
 //
-// mu_ guards the state that StartDrain reads from another thread. gRPC operations are started
-// outside it, except TryCancel.
+// mu_ guards the state that RequestStop reads from another thread; gRPC operations are started
+// outside it, and so are the watchdog clock's methods (see WriteWatchdog::Clock).
 class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
-  SessionReactor(PraxisService* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx), deadline_(CallDeadline(ctx)) {}
+  SessionReactor(StepContext& service, grpc::CallbackServerContext* ctx)
+      : service_(service), chain_(service, ctx, "Session"), deadline_(CallDeadline(ctx)) {}
 
   void Start(std::shared_ptr<SessionReactor> self) {
     self_ = std::move(self);
     ReadNext();
   }
 
-  // Ends the session after its current step; an idle one (waiting for a request) is cancelled.
+  // Ends the session with UNAVAILABLE after its current step; an idle one (waiting for a request)
+  // at once: finishing with a read pending is allowed, and the read then fails.
   void RequestStop() {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    if (reading_ && !done_) ctx_->TryCancel();
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+      // Claimed under the lock that OnReadDone takes, so a request read meanwhile is dropped
+      // rather than answered after the call is finished.
+      if (!reading_ || finished_) return;
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(Draining()));
   }
 
   void OnReadDone(bool ok) override {
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
+      if (finished_) return;  // RequestStop ended the session while this read was pending
     }
     if (!ok) return End(absl::OkStatus());  // the client closed its side (or the call ended)
-    if (service_->draining()) return End(absl::UnavailableError("server is draining; reconnect"));
-    service_->metrics().AddReceivedBytes(static_cast<int64_t>(request_.ByteSizeLong()));
-    step_start_ = absl::Now();
-    service_->Submit(
-        request_, deadline_, cancelled_,
-        [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); }, &plan_);
+    if (service_.draining()) return End(Draining());
+    chain_.Submit(request_, deadline_, cancelled_,
+                  [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); });
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return End(absl::CancelledError("the client went away mid-stream"));
-    if (!responder_) return ReadNext();  // a StepError was written
+    chain_.WriteDone();
+    if (!ok) {
+      if (chain_.answering()) chain_.Finish(absl::CancelledError("the client went away"));
+      return End(absl::CancelledError("the client went away mid-stream"));
+    }
+    if (!chain_.answering()) return ReadNext();  // a StepError was written
     WriteNext();
   }
   void OnCancel() override { cancelled_->store(true); }
   void OnDone() override {
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-    }
+    chain_.CallDone();
     self_.reset();  // may delete this
   }
 
  private:
+  static absl::Status Draining() { return absl::UnavailableError("server is draining; reconnect"); }
+
   void OnResult(absl::StatusOr<StepResult> r) {
-    if (!r.ok()) return WriteError(r.status());
-    absl::StatusOr<StepResponder> responder = StepResponder::Create(
-        *r, plan_, request_.request_id(), step_start_, service_->options().max_chunk_bytes);
-    if (!responder.ok()) return WriteError(responder.status());
-    responder_.emplace(std::move(*responder));
+    const absl::Status s = chain_.Start(std::move(r));
+    if (!s.ok()) return WriteError(s);
     WriteNext();
   }
 
   void WriteNext() {
-    if (responder_->Next(&msg_)) {
-      service_->metrics().AddSentBytes(static_cast<int64_t>(msg_.ByteSizeLong()));
-      return StartWrite(&msg_);
-    }
-    responder_.reset();
-    service_->CountAnsweredOk();
-    service_->metrics().CountRequest("Session", absl::StatusCode::kOk);
-    service_->metrics().ObserveLatency("Session", absl::Now() - step_start_);
+    absl::StatusOr<bool> more = chain_.Next(&msg_);
+    if (!more.ok()) return WriteError(more.status());  // the header may be out: the error ends it
+    if (*more) return StartWrite(&msg_);
+    chain_.Finish(absl::OkStatus());
     ReadNext();
   }
 
   void WriteError(const absl::Status& s) {
-    service_->metrics().CountRequest("Session", s.code());
+    chain_.Finish(s);
     msg_.Clear();
     v1::StepError* e = msg_.mutable_error();
     e->set_code(static_cast<int32_t>(s.code()));
     e->set_message(std::string(s.message()));
-    e->set_request_id(request_.request_id());
+    e->set_request_id(chain_.request_id());
     StartWrite(&msg_);
   }
 
@@ -164,7 +224,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1:
       stop = stop_;
       reading_ = !stop;
     }
-    if (stop) return End(absl::UnavailableError("server is draining; reconnect"));
+    if (stop) return End(Draining());
     StartRead(&request_);
   }
 
@@ -177,20 +237,16 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1:
     Finish(ToGrpcStatus(s));
   }
 
-  PraxisService* const service_;
-  grpc::CallbackServerContext* const ctx_;
+  StepContext& service_;
+  AnswerChain chain_;
   const absl::Time deadline_;
   std::shared_ptr<SessionReactor> self_;
   const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   v1::StepRequest request_;
-  absl::Time step_start_;
-  OutputPlan plan_;
-  std::optional<StepResponder> responder_;
   v1::StepResponse msg_;
   absl::Mutex mu_;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -200,7 +256,9 @@ PraxisService::PraxisService(ServiceOptions options, const model::BackboneConfig
       config_(config),
       batcher_(batcher),
       metrics_(metrics),
-      info_(std::move(info)) {}
+      info_(std::move(info)),
+      pending_(options_.max_pending_response_bytes, "--max_pending_response_bytes"),
+      watchdog_(options_.write_timeout) {}
 
 PraxisService::~PraxisService() = default;
 
@@ -218,38 +276,60 @@ void PraxisService::StartDrain() {
   for (const auto& s : live) s->RequestStop();
 }
 
+bool PraxisService::WaitForAnswers(absl::Time deadline) { return pending_.AwaitEmpty(deadline); }
+
+ServiceCounts PraxisService::counts() const {
+  return {accepted_.load(), answered_ok_.load(), watchdog_.cancelled(), pending_.used()};
+}
+
 void PraxisService::AddSession(std::weak_ptr<SessionReactor> s) {
   absl::MutexLock lock(&sessions_mu_);
   std::erase_if(sessions_, [](const auto& w) { return w.expired(); });
   sessions_.push_back(std::move(s));
 }
 
-void PraxisService::Submit(const v1::StepRequest& request, absl::Time deadline,
-                           std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
-                           OutputPlan* plan) {
-  if (draining_) return done(absl::UnavailableError("server is draining; retry elsewhere"));
-  if (!accepting_) return done(absl::UnavailableError("server is warming up; retry shortly"));
-  absl::StatusOr<DecodedStep> step = DecodeStepRequest(request, config_, options_.limits);
-  if (!step.ok()) return done(step.status());
-  *plan = step->outputs;
+absl::Status PraxisService::Admit(const v1::StepRequest& request, absl::Time deadline,
+                                  std::shared_ptr<const std::atomic<bool>> cancelled,
+                                  StepTask::Done& done, Admission* admitted) {
+  if (draining_) return absl::UnavailableError("server is draining; retry elsewhere");
+  if (!accepting_) return absl::UnavailableError("server is warming up; retry shortly");
+  PRAXIS_ASSIGN_OR_RETURN(DecodedStep step, DecodeStepRequest(request, config_, options_.limits));
+  PRAXIS_ASSIGN_OR_RETURN(admitted->reservation, pending_.Reserve(step.outputs.response_bytes));
+  admitted->plan = step.outputs;
   std::unique_ptr<batching::Task> task =
-      std::make_unique<StepTask>(*std::move(step), deadline, std::move(cancelled), std::move(done));
-  ++accepted_;  // before Submit: the answer may come before it returns
-  const absl::Status s = batcher_.Submit(task);
+      std::make_unique<StepTask>(std::move(step), deadline, std::move(cancelled), std::move(done));
+  done = nullptr;  // the task answers from now on
+  ++accepted_;     // before Submit: the answer may come before it returns
+  absl::Status s = batcher_.Submit(task);
   if (!s.ok()) {
     --accepted_;
-    static_cast<StepTask*>(task.get())->Complete(s);
+    // The task was handed back: answer through it, as the caller's `done` now lives there.
+    admitted->reservation.Release();
+    static_cast<StepTask*>(task.get())->Complete(std::move(s));
   }
+  return absl::OkStatus();
+}
+
+void PraxisService::Submit(const v1::StepRequest& request, absl::Time deadline,
+                           std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
+                           Admission* admitted) {
+  absl::Status s;
+  try {  // the torch boundary: no exception may escape a reaction
+    s = Admit(request, deadline, std::move(cancelled), done, admitted);
+  } catch (const std::exception& e) {
+    s = absl::InternalError(absl::StrCat("admitting the step: ", e.what()));
+  }
+  if (!s.ok() && done) done(s);  // refused before a task took `done` over
 }
 
 grpc::ServerWriteReactor<v1::StepResponse>* PraxisService::Step(grpc::CallbackServerContext* ctx,
                                                                 const v1::StepRequest* request) {
-  return new StepReactor(this, ctx, request);
+  return new StepReactor(*this, ctx, request);
 }
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* PraxisService::Session(
     grpc::CallbackServerContext* ctx) {
-  auto s = std::make_shared<SessionReactor>(this, ctx);
+  auto s = std::make_shared<SessionReactor>(static_cast<StepContext&>(*this), ctx);
   AddSession(s);
   SessionReactor* raw = s.get();
   raw->Start(std::move(s));

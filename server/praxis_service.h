@@ -1,5 +1,9 @@
 #pragma once
 
+// praxis.v1.Praxis on gRPC's callback API: admission (decode, validate, cost and answer budgets),
+// queueing on the batcher, and the reactors that write each answer. The reactors themselves live
+// in praxis_service.cc and see only the narrow StepContext below.
+
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -14,9 +18,11 @@
 #include "model/config.h"
 #include "praxis/v1/praxis.grpc.pb.h"
 #include "server/batching/batcher.h"
+#include "server/byte_budget.h"
 #include "server/metrics.h"
 #include "server/step_request.h"
 #include "server/step_task.h"
+#include "server/write_watchdog.h"
 
 namespace praxis::serve {
 
@@ -24,6 +30,11 @@ namespace praxis::serve {
 struct ServiceOptions {
   int64_t max_chunk_bytes = 1 << 20;  // of each TensorChunk's data
   StepLimits limits;
+  // Answer bytes admitted but not yet taken by their readers, all calls together; beyond it new
+  // steps are refused RESOURCE_EXHAUSTED and never computed.
+  int64_t max_pending_response_bytes = int64_t{1} << 30;
+  // A call whose reader takes no data for this long is cancelled and its answer freed.
+  absl::Duration write_timeout = absl::Seconds(30);
 };
 
 class SessionReactor;
@@ -33,15 +44,44 @@ class SessionReactor;
 struct ServiceCounts {
   int64_t accepted = 0;
   int64_t answered_ok = 0;
+  int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
+  int64_t pending_response_bytes = 0;  // answer bytes held for readers now
 };
 
-// praxis.v1.Praxis on gRPC's callback API. Each step is validated in its reaction (nothing invalid
-// is queued), queued on the batcher, and answered from the batcher worker by a write chain with
-// one write in flight; reactions never block.
+// What Submit admitted for one step: what to send, and its share of the answer budget (held
+// until the answer is written or abandoned).
+struct Admission {
+  OutputPlan plan;
+  ByteBudget::Reservation reservation;
+};
+
+// The part of the service a reactor uses: admission, the write watchdog, metrics and counts.
+// Thread-safe.
+class StepContext {
+ public:
+  virtual ~StepContext() = default;
+  // Decodes `request` and queues it. `done` receives the one final answer: at once, on this
+  // thread, when the step is refused (not accepting, invalid, over a budget, queue full), else
+  // later on a batcher worker (possibly before Submit returns). `admitted` is filled before the
+  // step is queued. Never throws.
+  virtual void Submit(const v1::StepRequest& request, absl::Time deadline,
+                      std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
+                      Admission* admitted) = 0;
+  virtual const ServiceOptions& options() const = 0;
+  virtual ServerMetrics& metrics() = 0;
+  virtual WriteWatchdog& watchdog() = 0;
+  virtual bool draining() const = 0;
+  // Called by a reactor when it has written a whole answer.
+  virtual void CountAnsweredOk() = 0;
+};
+
+// praxis.v1.Praxis. Each step is validated and costed in its reaction (nothing invalid or over
+// budget is queued), queued on the batcher, and answered from the batcher worker by a write chain
+// with one write in flight; reactions never block.
 //
 // Thread-safe. Does not own the batcher or the metrics, which must outlive it; the server shuts
 // gRPC down (which waits for every reactor) before destroying it.
-class PraxisService final : public v1::Praxis::CallbackService {
+class PraxisService final : public v1::Praxis::CallbackService, private StepContext {
  public:
   PraxisService(ServiceOptions options, const model::BackboneConfig& config,
                 batching::Batcher& batcher, ServerMetrics& metrics, v1::ModelInfo info);
@@ -49,9 +89,13 @@ class PraxisService final : public v1::Praxis::CallbackService {
 
   // Steps are refused UNAVAILABLE until this is set (after warm-up).
   void SetAccepting(bool accepting);
-  // Refuses new steps UNAVAILABLE from now on, and ends each session once its current step is
-  // answered (idle sessions at once) with UNAVAILABLE, so that clients reconnect elsewhere.
+  // Refuses new steps UNAVAILABLE from now on, and ends each session with UNAVAILABLE once its
+  // current step is answered (idle ones, and ones opened from now on, at once), so that clients
+  // reconnect elsewhere.
   void StartDrain();
+  // Waits until every admitted answer has been written or abandoned, or `deadline`; true if none
+  // is left.
+  bool WaitForAnswers(absl::Time deadline);
 
   grpc::ServerWriteReactor<v1::StepResponse>* Step(grpc::CallbackServerContext* ctx,
                                                    const v1::StepRequest* request) override;
@@ -61,29 +105,31 @@ class PraxisService final : public v1::Praxis::CallbackService {
                                          const v1::ModelInfoRequest* request,
                                          v1::ModelInfo* info) override;
 
-  // For the reactors: decodes `request` and queues it. `done` receives the one final answer:
-  // at once, on this thread, when the step is refused (not accepting, invalid, queue full), else
-  // later on a batcher worker. `plan` is set to what to send before the step is queued.
-  void Submit(const v1::StepRequest& request, absl::Time deadline,
-              std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
-              OutputPlan* plan);
-  const ServiceOptions& options() const { return options_; }
-  ServerMetrics& metrics() { return metrics_; }
-  bool draining() const { return draining_.load(); }
-
-  // Called by a reactor when it has written a whole answer.
-  void CountAnsweredOk() { ++answered_ok_; }
-  ServiceCounts counts() const { return {accepted_.load(), answered_ok_.load()}; }
-
-  // Sessions register so that StartDrain can end them.
-  void AddSession(std::weak_ptr<SessionReactor> s);
+  ServiceCounts counts() const;
 
  private:
+  // StepContext.
+  void Submit(const v1::StepRequest& request, absl::Time deadline,
+              std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
+              Admission* admitted) override;
+  const ServiceOptions& options() const override { return options_; }
+  ServerMetrics& metrics() override { return metrics_; }
+  WriteWatchdog& watchdog() override { return watchdog_; }
+  bool draining() const override { return draining_.load(); }
+  void CountAnsweredOk() override { ++answered_ok_; }
+
+  absl::Status Admit(const v1::StepRequest& request, absl::Time deadline,
+                     std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done& done,
+                     Admission* admitted);
+  void AddSession(std::weak_ptr<SessionReactor> s);
+
   const ServiceOptions options_;
   const model::BackboneConfig& config_;
   batching::Batcher& batcher_;
   ServerMetrics& metrics_;
   const v1::ModelInfo info_;
+  ByteBudget pending_;
+  WriteWatchdog watchdog_;
   std::atomic<bool> accepting_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> accepted_{0};

@@ -2,8 +2,10 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +75,10 @@ absl::Status PraxisServer::Start() {
   builder.AddListeningPort(options_.address, creds, &port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options_.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_streams_per_connection);
+  grpc::ResourceQuota quota("praxis-server");
+  quota.Resize(static_cast<size_t>(options_.request_memory_bytes));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
@@ -104,6 +110,10 @@ v1::ModelInfo PraxisServer::Info() const {
   info.set_max_frames(l.max_frames);
   info.set_max_tokens(l.max_tokens);
   info.set_max_chunk_bytes(options_.service.max_chunk_bytes);
+  info.set_max_request_gflop(l.max_request_gflop);
+  info.set_max_response_bytes(l.max_response_bytes);
+  info.set_max_message_bytes(options_.max_message_bytes);
+  info.set_max_abs_input(l.max_abs_input);
   for (const char* o : {"velocity", "cond", "embeddings", "positions"}) info.add_outputs(o);
   for (size_t i = 0; i < runner_->config().encoder.tap_blocks.size(); ++i) {
     info.add_outputs(absl::StrCat("tap.", i));
@@ -121,15 +131,20 @@ absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
   return absl::OkStatus();
 }
 
-void PraxisServer::Drain(absl::Duration grace) {
-  if (drained_.exchange(true)) return;
-  const absl::Time deadline = absl::Now() + grace;
+bool PraxisServer::Drain(absl::Duration grace) {
+  if (drained_.exchange(true)) return true;
+  const absl::Time end = absl::Now() + grace;
+  // The last phase cancels what is left; the one before lets computed answers reach readers.
+  const absl::Duration cancel = std::min(grace / 10, absl::Seconds(1));
+  const absl::Duration writes = std::min(grace / 4, absl::Seconds(5));
   metrics_->SetServing(false);
   server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and it stays so
   service_->StartDrain();
-  batcher_->Drain(grace);
-  server_->Shutdown(absl::ToChronoTime(deadline));
+  const bool batches_done = batcher_->Drain(end - cancel - writes - absl::Now());
+  service_->WaitForAnswers(end - cancel);
+  server_->Shutdown(absl::ToChronoTime(end));
   server_->Wait();
+  return batches_done;
 }
 
 }  // namespace praxis::serve

@@ -25,7 +25,9 @@ struct ServerOptions {
   std::string tls_cert_file;  // PEM; with tls_key_file, serve TLS instead of plaintext
   std::string tls_key_file;
   std::string tls_client_ca_file;  // PEM; when set, clients must present a certificate it signed
-  int64_t max_message_bytes = int64_t{256} << 20;  // largest request gRPC accepts
+  int64_t max_message_bytes = int64_t{64} << 20;    // largest request gRPC accepts
+  int max_streams_per_connection = 64;              // concurrent calls on one HTTP/2 connection
+  int64_t request_memory_bytes = int64_t{1} << 30;  // gRPC's ResourceQuota for the whole server
   batching::BatchOptions batch;
   ServiceOptions service;
   int workers = 1;  // batcher workers (one per device)
@@ -52,8 +54,11 @@ class PraxisServer {
   // Runs one synthetic step of `layout` (both towers) so that the first request pays no lazy
   // initialisation, then serves. The error of the step if it fails (the server stays NOT_SERVING).
   absl::Status Warmup(const model::WindowLayout& layout);
-  // Stops serving and finishes the accepted work within `grace` (SPEC §7). Idempotent.
-  void Drain(absl::Duration grace);
+  // Stops serving and finishes the accepted work within `grace` (SPEC §7), in three bounded
+  // phases: the batcher runs what is queued, then written answers reach their readers, then gRPC
+  // cancels whatever is left. False when a batch was still running at the end (its worker is left
+  // behind: exit the process rather than destroy the server). Idempotent.
+  bool Drain(absl::Duration grace);
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }

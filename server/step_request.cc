@@ -1,5 +1,9 @@
 #include "server/step_request.h"
 
+#include <algorithm>
+#include <exception>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/tensor_codec.h"
@@ -22,11 +26,17 @@ absl::StatusOr<OutputPlan> DecodeOutputs(const v1::StepRequest& r,
   if (o.all_taps()) {
     for (int i = 0; i < n_taps; ++i) plan.taps.push_back(i);
   }
+  std::vector<bool> seen(n_taps, false);
   for (int t : o.taps()) {
     if (t < 0 || t >= n_taps) {
       return absl::InvalidArgumentError(
           absl::StrCat("outputs.taps: expected indices in [0, ", n_taps, "), got ", t));
     }
+    if (seen[t]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("outputs.taps: expected each index once, got ", t, " again"));
+    }
+    seen[t] = true;
     plan.taps.push_back(t);
   }
   if (plan.velocity && !r.decode()) {
@@ -50,31 +60,86 @@ absl::Status AtMost(int64_t value, int64_t limit, const char* field, const char*
       absl::StrCat(field, ": expected ", what, " <= ", limit, " (server limit), got ", value));
 }
 
-// Called after ValidateStep, so the shapes are known to be consistent.
-absl::Status CheckLimits(const model::StepInputs& in, const model::BackboneConfig& c,
-                         const StepLimits& l) {
-  const int64_t b = in.noised.size(0), kf = in.noised.size(2), h = in.noised.size(3),
-                w = in.noised.size(4), ah = in.anchor.size(3), aw = in.anchor.size(4),
-                text = in.text.size(1);
-  PRAXIS_RETURN_IF_ERROR(AtMost(b, l.max_rows, "noised", "batch rows B"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(text, l.max_text_len, "text", "text length L"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(kf, l.max_frames, "noised", "frames K*F"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(h, l.max_grid_h, "noised", "grid height h"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(w, l.max_grid_w, "noised", "grid width w"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(ah, l.max_grid_h, "anchor", "grid height"));
-  PRAXIS_RETURN_IF_ERROR(AtMost(aw, l.max_grid_w, "anchor", "grid width"));
-  const int64_t clean = in.clean.defined() ? in.clean.size(2) * h * w : 0;
-  const int64_t encoder = c.num_registers + ah * aw + text + kf * h * w + clean;
-  const int64_t decoder = c.num_registers + kf * h * c.ph() * w * c.pw();
-  PRAXIS_RETURN_IF_ERROR(AtMost(encoder, l.max_tokens, "noised", "encoder tokens"));
-  return AtMost(decoder, l.max_tokens, "noised", "decoder tokens");
+model::WindowLayout Layout(const model::StepInputs& in) {
+  return {.anchor_h = in.anchor.size(3),
+          .anchor_w = in.anchor.size(4),
+          .text_len = in.text.size(1),
+          .k = in.noised.size(2) / in.frames_per_chunk,
+          .f = in.frames_per_chunk,
+          .h = in.noised.size(3),
+          .w = in.noised.size(4)};
 }
 
-}  // namespace
+// Called after ValidateStep, so the shapes are known to be consistent (and their products, each
+// bounded by a tensor's element count, cannot overflow).
+absl::Status CheckLimits(const model::StepInputs& in, const model::BackboneConfig& c,
+                         const StepLimits& l) {
+  const model::WindowLayout layout = Layout(in);
+  PRAXIS_RETURN_IF_ERROR(AtMost(in.noised.size(0), l.max_rows, "noised", "batch rows B"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.text_len, l.max_text_len, "text", "text length L"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.k * layout.f, l.max_frames, "noised", "frames K*F"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.h, l.max_grid_h, "noised", "grid height h"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.w, l.max_grid_w, "noised", "grid width w"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.anchor_h, l.max_grid_h, "anchor", "grid height"));
+  PRAXIS_RETURN_IF_ERROR(AtMost(layout.anchor_w, l.max_grid_w, "anchor", "grid width"));
+  PRAXIS_RETURN_IF_ERROR(
+      AtMost(model::EncoderTokens(c, layout), l.max_tokens, "noised", "encoder tokens"));
+  return AtMost(model::DecoderTokens(c, layout), l.max_tokens, "noised", "decoder tokens");
+}
 
-absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
-                                              const model::BackboneConfig& config,
-                                              const StepLimits& limits) {
+// Every float input within +-max_abs_input: huge finite values (3e38) would come back as inf or
+// NaN with status OK.
+absl::Status CheckMagnitude(const model::StepInputs& in, double max_abs) {
+  for (const auto& [t, name] : {std::pair{&in.text, "text"},
+                                {&in.anchor, "anchor"},
+                                {&in.clean, "clean"},
+                                {&in.noised, "noised"}}) {
+    if (!t->defined() || t->numel() == 0) continue;
+    const double m = t->abs().max().item<double>();
+    if (!(m <= max_abs)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected values within +-", max_abs, " (server limit), got ", m));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tensor bytes of the answer `plan` asks for (SPEC §2 shapes, float outputs in the wire dtype).
+int64_t ResponseBytes(const OutputPlan& plan, const model::BackboneConfig& c,
+                      const model::StepInputs& in, const model::StepCost& cost) {
+  const int64_t b = in.noised.size(0), video = in.noised.numel() / in.noised.size(1);
+  const int64_t wire = plan.wire_dtype == v1::FLOAT32 ? 4 : 2;
+  const int64_t features = b * cost.encoder_tokens * c.dim * wire;  // one tap, or embeddings
+  return (plan.velocity ? in.noised.numel() * wire : 0) + (plan.cond ? video * c.dim * wire : 0) +
+         static_cast<int64_t>(plan.taps.size()) * features + (plan.embeddings ? features : 0) +
+         (plan.positions ? b * cost.encoder_tokens * 8 : 0);
+}
+
+// What the request will cost the server: refused RESOURCE_EXHAUSTED before it is queued.
+absl::Status CheckBudget(const DecodedStep& s, const StepLimits& l) {
+  if (l.dense_attention) {
+    const int64_t t = std::max(s.cost.encoder_tokens, s.cost.decoder_tokens);
+    if (t * t > l.max_dense_mask_bytes) {  // t <= max_tokens, so t * t fits
+      return absl::ResourceExhaustedError(
+          absl::StrCat("noised: dense attention over ", t, " tokens needs a ", t * t,
+                       "-byte mask, over --max_dense_mask_bytes=", l.max_dense_mask_bytes));
+    }
+  }
+  if (s.cost.gflop() > l.max_request_gflop) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request cost ", s.cost.gflop(), " GFLOP is over --max_request_cost=", l.max_request_gflop,
+        " GFLOP: send fewer rows, frames or a smaller grid"));
+  }
+  if (s.outputs.response_bytes > l.max_response_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("outputs: the answer would carry ", s.outputs.response_bytes,
+                     " bytes, over --max_response_bytes=", l.max_response_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DecodedStep> Decode(const v1::StepRequest& r, const model::BackboneConfig& config,
+                                   const StepLimits& limits) {
   DecodedStep step;
   model::StepInputs& in = step.inputs;
   if (!r.has_text() || !r.has_anchor() || !r.has_noised() || !r.has_timesteps()) {
@@ -105,7 +170,37 @@ absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
   PRAXIS_ASSIGN_OR_RETURN(step.outputs, DecodeOutputs(r, config));
   PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config, in));
   PRAXIS_RETURN_IF_ERROR(CheckLimits(in, config, limits));
+  PRAXIS_RETURN_IF_ERROR(CheckMagnitude(in, limits.max_abs_input));
+  step.cost = model::ComputeStepCost(config, Layout(in), in.decode, in.noised.size(0),
+                                     limits.dense_attention);
+  step.outputs.response_bytes = ResponseBytes(step.outputs, config, in, step.cost);
+  PRAXIS_RETURN_IF_ERROR(CheckBudget(step, limits));
   return step;
+}
+
+}  // namespace
+
+MessageBounds LargestLegalStep(const model::BackboneConfig& c, const StepLimits& l) {
+  const double by_cost = l.max_request_gflop * 1e9 / model::EncoderFlopsPerToken(c);
+  const double by_shape = static_cast<double>(l.max_rows) * static_cast<double>(l.max_tokens);
+  const double row_tokens = std::min(by_cost, by_shape);
+  const int64_t overhead = 64 << 10;  // proto framing, timesteps, small fields
+  const double in = row_tokens * std::max(c.latent_channels(), c.text_dim) * 4;
+  const double out =
+      row_tokens * ((static_cast<double>(c.encoder.tap_blocks.size()) + 2) * c.dim * 4 + 8 +
+                    c.latent_channels() * 4);
+  auto clamp = [](double b) { return static_cast<int64_t>(std::min(b, 1e18)); };
+  return {clamp(in) + overhead, clamp(out)};
+}
+
+absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
+                                              const model::BackboneConfig& config,
+                                              const StepLimits& limits) {
+  try {  // the torch boundary: nothing a client sends may throw through the request path
+    return Decode(r, config, limits);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("request: cannot be decoded: ", e.what()));
+  }
 }
 
 }  // namespace praxis::serve

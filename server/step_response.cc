@@ -1,5 +1,7 @@
 #include "server/step_response.h"
 
+#include <algorithm>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,10 +21,25 @@ void SetSpan(const model::Span& s, v1::Span* out) {
 absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const OutputPlan& plan,
                                                     const std::string& request_id,
                                                     absl::Time accepted, int64_t max_chunk_bytes) {
-  if (max_chunk_bytes < 1) {
+  if (max_chunk_bytes < 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_chunk_bytes: expected >= 1, got ", max_chunk_bytes));
+        absl::StrCat("max_chunk_bytes: expected >= 8, got ", max_chunk_bytes));
   }
+  try {
+    StepResponder s;
+    s.max_chunk_bytes_ = max_chunk_bytes;
+    s.accepted_ = accepted;
+    s.queue_time_ = r.queue_time;
+    s.compute_time_ = r.compute_time;
+    s.SetHeader(r, plan, request_id);
+    return s;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("encoding the answer: ", e.what()));
+  }
+}
+
+void StepResponder::SetHeader(const StepResult& r, const OutputPlan& plan,
+                              const std::string& request_id) {
   const model::BackboneOutput& o = r.output;
   const model::EncoderFeatures& f = o.features;
   std::vector<std::pair<std::string, const torch::Tensor*>> wanted;
@@ -31,24 +48,24 @@ absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const O
   for (int t : plan.taps) wanted.emplace_back(absl::StrCat("tap.", t), &f.taps.at(t));
   if (plan.embeddings) wanted.emplace_back("embeddings", &f.embeddings);
   if (plan.positions) wanted.emplace_back("positions", &f.positions);
-
-  StepResponder s;
-  s.max_chunk_bytes_ = max_chunk_bytes;
-  s.accepted_ = accepted;
-  s.queue_time_ = r.queue_time;
-  s.compute_time_ = r.compute_time;
-  v1::StepHeader& h = s.header_;
+  v1::StepHeader& h = header_;
   h.set_layout_key(r.layout_key);
   h.set_request_id(request_id);
   for (const auto& [name, tensor] : wanted) {
-    const v1::DType wire = tensor->scalar_type() == torch::kInt64 ? v1::INT64 : plan.wire_dtype;
-    PRAXIS_ASSIGN_OR_RETURN(std::string bytes, TensorBytes(*tensor, wire));
+    const bool is_int = tensor->scalar_type() == torch::kInt64;
+    const v1::DType wire = is_int ? v1::INT64 : plan.wire_dtype;
+    torch::Tensor flat = tensor->to(torch::kCPU).contiguous().view({-1});
+    // A row slice of a batch keeps the whole batch's tensor alive: own just these rows.
+    if (flat.storage().nbytes() > flat.nbytes()) flat = flat.clone();
+    Output out{name, std::move(flat), is_int ? torch::kInt64 : *FromWireDtype(wire, "wire_dtype")};
+    const int64_t nbytes = out.flat.numel() * static_cast<int64_t>(c10::elementSize(out.wire));
     v1::TensorHeader* th = h.add_tensors();
     th->set_name(name);
     th->set_dtype(wire);
     for (int64_t d : tensor->sizes()) th->add_shape(d);
-    th->set_nbytes(static_cast<int64_t>(bytes.size()));
-    s.outputs_.push_back({name, std::move(bytes)});
+    th->set_nbytes(nbytes);
+    tensor_bytes_ += nbytes;
+    outputs_.push_back(std::move(out));
   }
   SetSpan(f.register_span, h.mutable_register_span());
   SetSpan(f.anchor_span, h.mutable_anchor_span());
@@ -61,10 +78,20 @@ absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const O
   h.set_queue_us(absl::ToInt64Microseconds(r.queue_time));
   h.set_compute_us(absl::ToInt64Microseconds(r.compute_time));
   h.set_batch_rows(static_cast<int32_t>(r.batch_rows));
-  return s;
 }
 
-bool StepResponder::Next(v1::StepResponse* msg) {
+void StepResponder::NextChunk(v1::TensorChunk* c) {
+  Output& out = outputs_[output_];
+  const int64_t size = static_cast<int64_t>(c10::elementSize(out.wire));
+  const int64_t n = std::min(max_chunk_bytes_ / size, out.flat.numel() - element_);
+  const torch::Tensor part = out.flat.narrow(0, element_, n).to(out.wire).contiguous();
+  c->set_name(out.name);
+  c->set_offset(element_ * size);
+  c->set_data(static_cast<const char*>(part.data_ptr()), n * size);
+  element_ += n;
+}
+
+absl::StatusOr<bool> StepResponder::Next(v1::StepResponse* msg) {
   msg->Clear();
   switch (stage_) {
     case Stage::kHeader:
@@ -72,21 +99,17 @@ bool StepResponder::Next(v1::StepResponse* msg) {
       stage_ = Stage::kChunks;
       return true;
     case Stage::kChunks:
-      while (output_ < outputs_.size() &&
-             offset_ >= static_cast<int64_t>(outputs_[output_].bytes.size())) {
-        outputs_[output_].bytes = std::string();  // sent: free it
+      while (output_ < outputs_.size() && element_ >= outputs_[output_].flat.numel()) {
+        outputs_[output_].flat = torch::Tensor();  // sent: free it
         ++output_;
-        offset_ = 0;
+        element_ = 0;
       }
       if (output_ < outputs_.size()) {
-        const Output& out = outputs_[output_];
-        const int64_t n =
-            std::min<int64_t>(max_chunk_bytes_, static_cast<int64_t>(out.bytes.size()) - offset_);
-        v1::TensorChunk* c = msg->mutable_chunk();
-        c->set_name(out.name);
-        c->set_offset(offset_);
-        c->set_data(out.bytes.data() + offset_, n);
-        offset_ += n;
+        try {
+          NextChunk(msg->mutable_chunk());
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat("encoding a chunk: ", e.what()));
+        }
         return true;
       }
       stage_ = Stage::kTrailer;

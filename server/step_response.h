@@ -1,5 +1,7 @@
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,35 +16,47 @@ namespace praxis::serve {
 
 // The messages of one step's answer, made one at a time for a write chain with one write in
 // flight: the header, then each requested output as chunks of at most max_chunk_bytes tagged with
-// name and offset, then the trailer. Only requested outputs are serialised; each is converted to
-// its wire bytes once, and a chunk is copied out only when it is written. Not thread-safe.
+// name and offset, then the trailer. Only requested outputs are kept (the rest of the batch's
+// outputs are released at Create); each chunk is converted to the wire dtype and copied from the
+// tensor's memory into its message only when it is written. Not thread-safe.
 class StepResponder {
  public:
-  // InvalidArgument for max_chunk_bytes < 1; Internal if an output cannot be encoded.
+  // InvalidArgument for max_chunk_bytes < 8 (one element of any dtype); Internal if an output
+  // cannot be encoded. Never throws.
   static absl::StatusOr<StepResponder> Create(const StepResult& result, const OutputPlan& plan,
                                               const std::string& request_id, absl::Time accepted,
                                               int64_t max_chunk_bytes);
 
-  // Fills `msg` with the next message; false once the trailer has been produced.
-  bool Next(v1::StepResponse* msg);
+  // Fills `msg` with the next message: true, or false once the trailer has been produced; Internal
+  // if a chunk cannot be converted. Never throws.
+  absl::StatusOr<bool> Next(v1::StepResponse* msg);
+
+  // The tensor bytes of the whole answer (what the header announces).
+  int64_t tensor_bytes() const { return tensor_bytes_; }
 
  private:
   struct Output {
     std::string name;
-    std::string bytes;
+    torch::Tensor flat;  // contiguous, 1-D, on the host, in the model's dtype
+    torch::ScalarType wire;
   };
   enum class Stage { kHeader, kChunks, kTrailer, kDone };
 
   StepResponder() = default;
+  // Throws (LibTorch) on failure; Create catches.
+  void SetHeader(const StepResult& r, const OutputPlan& plan, const std::string& request_id);
+  // The next chunk of outputs_[output_]: whole elements, at most max_chunk_bytes_. Throws.
+  void NextChunk(v1::TensorChunk* chunk);
 
   v1::StepHeader header_;
   std::vector<Output> outputs_;
   int64_t max_chunk_bytes_ = 0;
+  int64_t tensor_bytes_ = 0;
   absl::Time accepted_;
   absl::Duration queue_time_, compute_time_;
   Stage stage_ = Stage::kHeader;
-  size_t output_ = 0;   // the output being chunked
-  int64_t offset_ = 0;  // into it
+  size_t output_ = 0;    // the output being chunked
+  int64_t element_ = 0;  // its next element
 };
 
 }  // namespace praxis::serve

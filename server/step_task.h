@@ -40,11 +40,13 @@ class StepTask : public batching::Task {
   const std::string& layout_key() const override { return layout_key_; }
   int64_t rows() const override { return step_.inputs.noised.size(0); }
   int64_t bytes() const override { return bytes_; }
+  double cost() const override { return step_.cost.gflop(); }
   absl::Time deadline() const override { return deadline_; }
   bool cancelled() const override { return cancelled_->load(std::memory_order_relaxed); }
   void Fail(absl::Status status) override { Complete(std::move(status)); }
 
   const model::StepInputs& inputs() const { return step_.inputs; }
+  const OutputPlan& plan() const { return step_.outputs; }
   absl::Time accepted() const { return accepted_; }
   // Delivers the final answer; called exactly once (by the runner or through Fail).
   void Complete(absl::StatusOr<StepResult> result);
