@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/checksums.h"
 
 namespace praxis::model {
 namespace {
@@ -182,6 +183,24 @@ absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, LoadMode mode) {
   return out;
 }
 
+// With a SHA256SUMS (`verified`), every file the load read must be one it verified: a list that
+// leaves out the weights would check nothing that matters.
+absl::Status CheckVerified(const std::string& dir,
+                           const std::map<std::string, std::string>& verified,
+                           const OpenedFiles& files) {
+  std::vector<std::string> read = {kConfigFile};
+  if (PathExists(JoinPath(dir, kIndexFile))) read.push_back(kIndexFile);
+  for (const auto& file : files.files) read.push_back(Basename(file->path()));
+  for (const std::string& name : read) {
+    if (!verified.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir, name), ": not listed in ",
+                                                     kChecksumFile, ", which lists ",
+                                                     verified.size(), " files"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The config of `dir`, and the text it was parsed from; errors prefixed with the file.
 absl::StatusOr<std::pair<BackboneConfig, std::string>> ReadConfig(const std::string& dir) {
   const std::string path = JoinPath(dir, kConfigFile);
@@ -260,9 +279,11 @@ absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions&
         absl::StrCat("CheckpointOptions.dtype must be float32, bfloat16 or float16, got ",
                      DtypeName(*options.dtype)));
   }
+  PRAXIS_ASSIGN_OR_RETURN(const auto verified, VerifyChecksums(dir));
   Checkpoint ckpt;
   PRAXIS_ASSIGN_OR_RETURN(std::tie(ckpt.config, ckpt.config_json), ReadConfig(dir));
   PRAXIS_ASSIGN_OR_RETURN(OpenedFiles files, OpenFiles(dir, options.load));
+  if (verified) PRAXIS_RETURN_IF_ERROR(CheckVerified(dir, *verified, files));
   const ParamSpecs expected = ExpectedParameters(ckpt.config);
   absl::Status checked = CheckTensors(ckpt.config, expected, files);
   if (!checked.ok()) {

@@ -58,7 +58,7 @@ struct CheckpointOptions {
 struct Checkpoint {
   // The backbone section; `dtype` names the tensors' dtype as loaded (options.dtype if given).
   BackboneConfig config;
-  // The text of config.json that `config` was parsed from (read once).
+  // The text of config.json that `config` was parsed from (read once, after SHA256SUMS).
   std::string config_json;
   // Every name of ExpectedParameters(config), with that shape and dtype, on options.device.
   std::unordered_map<std::string, torch::Tensor> tensors;
@@ -70,16 +70,17 @@ struct Checkpoint {
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
 };
 
-// A checkpoint is untrusted input (it may come from a hub). Reads `dir`/config.json, then
-// `dir`/model.safetensors.index.json (`weight_map`: name -> shard file in `dir`) and its shards if
-// the index exists, else `dir`/model.safetensors; only regular files are opened (a FIFO is refused,
-// not waited on). Strict, in the order of the reference loader: an unexpected tensor under
-// `backbone.` (first by name), then in ExpectedParameters order a missing tensor, a wrong shape, or
-// a wrong dtype (a floating parameter must have config.json's `dtype`) is InvalidArgument naming
-// the tensor. Names outside `backbone.` are ignored and counted in one line on stderr. Config and
-// safetensors errors pass through (naming the file); NotFound when there is neither a single file
-// nor an index. Tensors are read and converted (dtype, device) once, here; a LibTorch failure doing
-// so is Internal.
+// A checkpoint is untrusted input (it may come from a hub). If `dir`/SHA256SUMS exists, every file
+// it lists is verified first (VerifyChecksums), and every file read below must be listed in it.
+// Then reads `dir`/config.json, then `dir`/model.safetensors.index.json (`weight_map`: name ->
+// shard file in `dir`) and its shards if the index exists, else `dir`/model.safetensors; only
+// regular files are opened (a FIFO is refused, not waited on). Strict, in the order of the
+// reference loader: an unexpected tensor under `backbone.` (first by name), then in
+// ExpectedParameters order a missing tensor, a wrong shape, or a wrong dtype (a floating parameter
+// must have config.json's `dtype`) is InvalidArgument naming the tensor. Names outside `backbone.`
+// are ignored and counted in one line on stderr. Checksum, config and safetensors errors pass
+// through (naming the file); NotFound when there is neither a single file nor an index. Tensors
+// are read and converted (dtype, device) once, here; a LibTorch failure doing so is Internal.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir,
                                           const CheckpointOptions& options = {});
 
