@@ -4,12 +4,15 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/checksums.h"
 
 namespace praxis::model {
 namespace {
@@ -104,9 +107,15 @@ std::string ShapeString(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
 
+constexpr char kConfigFile[] = "config.json";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kSingleFile[] = "model.safetensors";
+// An index names each tensor once; a few MiB even for tens of thousands of tensors.
+constexpr int64_t kMaxIndexBytes = int64_t{16} << 20;
+
 // The shard file names of an index's weight_map, checked to be plain names inside the directory.
 absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
-  PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxIndexBytes));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
@@ -142,17 +151,17 @@ absl::Status AddFile(std::shared_ptr<const SafetensorsFile> file, OpenedFiles* o
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir) {
-  const std::string index = JoinPath(dir, "model.safetensors.index.json");
-  const std::string single = JoinPath(dir, "model.safetensors");
+absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, LoadMode mode) {
+  const std::string index = JoinPath(dir, kIndexFile);
+  const std::string single = JoinPath(dir, kSingleFile);
   OpenedFiles out;
   if (!PathExists(index)) {
     if (!PathExists(single)) {
-      return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": neither model.safetensors ",
-                                              "nor model.safetensors.index.json"));
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", dir, ": neither ", kSingleFile, " nor ", kIndexFile));
     }
     PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
-                            SafetensorsFile::Open(single));
+                            SafetensorsFile::Open(single, mode));
     PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
     return out;
   }
@@ -161,7 +170,7 @@ absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir) {
   for (const auto& [name, shard] : shard_of) shards.insert(shard);
   for (const std::string& shard : shards) {
     PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
-                            SafetensorsFile::Open(JoinPath(dir, shard)));
+                            SafetensorsFile::Open(JoinPath(dir, shard), mode));
     PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
   }
   for (const auto& [name, shard] : shard_of) {
@@ -172,6 +181,36 @@ absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir) {
     }
   }
   return out;
+}
+
+// With a SHA256SUMS (`verified`), every file the load read must be one it verified: a list that
+// leaves out the weights would check nothing that matters.
+absl::Status CheckVerified(const std::string& dir,
+                           const std::map<std::string, std::string>& verified,
+                           const OpenedFiles& files) {
+  std::vector<std::string> read = {kConfigFile};
+  if (PathExists(JoinPath(dir, kIndexFile))) read.push_back(kIndexFile);
+  for (const auto& file : files.files) read.push_back(Basename(file->path()));
+  for (const std::string& name : read) {
+    if (!verified.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir, name), ": not listed in ",
+                                                     kChecksumFile, ", which lists ",
+                                                     verified.size(), " files"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The config of `dir`, and the text it was parsed from; errors prefixed with the file.
+absl::StatusOr<std::pair<BackboneConfig, std::string>> ReadConfig(const std::string& dir) {
+  const std::string path = JoinPath(dir, kConfigFile);
+  PRAXIS_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxConfigBytes));
+  absl::StatusOr<BackboneConfig> config = ParseConfig(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return std::pair(*std::move(config), std::move(text));
 }
 
 // The strict name, shape and dtype checks, on the headers alone, in the reference's order.
@@ -240,9 +279,11 @@ absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions&
         absl::StrCat("CheckpointOptions.dtype must be float32, bfloat16 or float16, got ",
                      DtypeName(*options.dtype)));
   }
+  PRAXIS_ASSIGN_OR_RETURN(const auto verified, VerifyChecksums(dir));
   Checkpoint ckpt;
-  PRAXIS_ASSIGN_OR_RETURN(ckpt.config, LoadConfig(JoinPath(dir, "config.json")));
-  PRAXIS_ASSIGN_OR_RETURN(OpenedFiles files, OpenFiles(dir));
+  PRAXIS_ASSIGN_OR_RETURN(std::tie(ckpt.config, ckpt.config_json), ReadConfig(dir));
+  PRAXIS_ASSIGN_OR_RETURN(OpenedFiles files, OpenFiles(dir, options.load));
+  if (verified) PRAXIS_RETURN_IF_ERROR(CheckVerified(dir, *verified, files));
   const ParamSpecs expected = ExpectedParameters(ckpt.config);
   absl::Status checked = CheckTensors(ckpt.config, expected, files);
   if (!checked.ok()) {
@@ -254,7 +295,9 @@ absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions&
   LogIgnored(dir, ckpt.ignored);
   PRAXIS_ASSIGN_OR_RETURN(ckpt.tensors, Materialize(expected, files, options));
   if (options.dtype.has_value()) ckpt.config.dtype = DtypeName(*options.dtype);
-  if (options.device.is_cpu()) ckpt.files = std::move(files.files);
+  if (options.load == LoadMode::kMmap && options.device.is_cpu()) {
+    ckpt.files = std::move(files.files);
+  }
   return ckpt;
 }
 

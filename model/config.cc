@@ -11,8 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/checked_math.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/config_bounds.h"
 
 namespace praxis::model {
 namespace {
@@ -32,6 +34,47 @@ std::string TypeName(const Json& v) {
   if (v.is_number_integer()) return "int";
   if (v.is_number_float()) return "float";
   return "NoneType";
+}
+
+// `v` as JSON text for an error message. Nested lists and objects are named, not dumped: dump()
+// recurses, and a hostile value nested a million deep would overflow the stack.
+std::string Shown(const Json& v) {
+  const bool nested = v.is_structured() && std::any_of(v.begin(), v.end(), [](const Json& x) {
+                        return x.is_structured();
+                      });
+  if (nested) return absl::StrCat("a nested ", TypeName(v));
+  constexpr size_t kMaxShown = 200;  // and a long list is cut short
+  std::string text = v.dump();
+  if (text.size() > kMaxShown) text = absl::StrCat(text.substr(0, kMaxShown), "...");
+  return text;
+}
+
+// A real config nests 4 deep. ordered_json copies (not moves) an object's members when their vector
+// grows, and the copy recurses: a hostile config nested 10^5 deep would overflow the stack while it
+// is parsed, so depth is checked on the text first (brackets inside strings do not count).
+absl::Status CheckNesting(absl::string_view text) {
+  constexpr int kMaxNesting = 64;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if ((ch == '[' || ch == '{') && ++depth > kMaxNesting) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: JSON nested deeper than ", kMaxNesting, " levels"));
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool IsInt(const Json& v) {
@@ -96,7 +139,7 @@ class ObjectReader {
     PRAXIS_ASSIGN_OR_RETURN(const Json* v, Find(key, required));
     if (v != nullptr && !Convert(*v, out)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Path(key), ": expected ", Expected(out), ", got ", v->dump()));
+          absl::StrCat(Path(key), ": expected ", Expected(out), ", got ", Shown(*v)));
     }
     return absl::OkStatus();
   }
@@ -286,12 +329,16 @@ absl::Status ValidateTowers(const BackboneConfig& c) {
       Need(d.unpatch_factor.size() == 3, "decoder.unpatch_factor must have 3 entries"));
   PRAXIS_RETURN_IF_ERROR(
       Need(d.unpatch_factor[0] == 1, "decoder.unpatch_factor[0] (time) must be 1"));
-  const int64_t ph = c.ph(), pw = c.pw();
-  PRAXIS_RETURN_IF_ERROR(Need(ph > 0 && pw > 0 && e.video_in_c_in % (ph * pw) == 0,
-                              "encoder.video_in.c_in must be divisible by unpatch_factor[1] * "
-                              "unpatch_factor[2]"));
+  constexpr char kDivisible[] =
+      "encoder.video_in.c_in must be divisible by unpatch_factor[1] * unpatch_factor[2]";
+  PRAXIS_RETURN_IF_ERROR(Need(c.ph() > 0 && c.pw() > 0, kDivisible));
+  // Checked: [1, 2^32, 2^32] wraps to 0, and c_in % 0 is a SIGFPE.
+  PRAXIS_ASSIGN_OR_RETURN(
+      const int64_t patch,
+      CheckedProductOr(d.unpatch_factor, "backbone.decoder.unpatch_factor", kMaxWidth));
+  PRAXIS_RETURN_IF_ERROR(Need(e.video_in_c_in % patch == 0, kDivisible));
   PRAXIS_RETURN_IF_ERROR(
-      Need(d.video_in_c_in == e.video_in_c_in / (ph * pw),
+      Need(d.video_in_c_in == e.video_in_c_in / patch,
            "decoder.video_in.c_in must equal encoder.video_in.c_in / (ph * pw)"));
   return Need(d.video_out_c_out == d.video_in_c_in,
               "decoder.video_out.c_out must equal decoder.video_in.c_in");
@@ -334,6 +381,7 @@ std::string DtypeName(torch::ScalarType dtype) {
 }
 
 absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text) {
+  PRAXIS_RETURN_IF_ERROR(CheckNesting(json_text));
   Json root;
   try {
     root = Json::parse(json_text);
@@ -347,12 +395,13 @@ absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text) {
   PRAXIS_RETURN_IF_ERROR(ReadBackbone(root["backbone"], &c));
   PRAXIS_RETURN_IF_ERROR(ValidateTrunk(c));
   PRAXIS_RETURN_IF_ERROR(ValidateTowers(c));
+  PRAXIS_RETURN_IF_ERROR(ValidateConfigBounds(c));
   return c;
 }
 
 absl::StatusOr<BackboneConfig> LoadConfig(const std::string& path) {
   const std::string file = IsDirectory(path) ? JoinPath(path, "config.json") : path;
-  PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
+  PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(file, kMaxConfigBytes));
   absl::StatusOr<BackboneConfig> c = ParseConfig(text);
   if (!c.ok()) {
     return absl::Status(c.status().code(), absl::StrCat(file, ": ", c.status().message()));

@@ -65,11 +65,18 @@ struct BackboneConfig {
   torch::ScalarType param_dtype() const;
 };
 
+// The largest config.json read; a real one is a few KiB.
+inline constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+
 // Parses the JSON text of a config.json. InvalidArgument naming the key for a missing `backbone`
-// section, an unknown or missing key, a wrong type, or inconsistent values.
+// section, an unknown or missing key, a wrong type, or inconsistent values (the reference's checks,
+// in its order); then for a size beyond its upper bound ("backbone.dim: 1099511627776 exceeds the
+// limit of 131072") or more than kMaxParameters in all (model/config_bounds.h). Every product is
+// overflow-checked. Pure, thread-safe; the entry point of the config fuzzer.
 absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text);
 
-// Reads and parses `path` (a config.json, or a directory holding one).
+// Reads and parses `path` (a config.json, or a directory holding one). Only a regular file of at
+// most kMaxConfigBytes is read (a FIFO is refused, not waited on); errors are prefixed with it.
 absl::StatusOr<BackboneConfig> LoadConfig(const std::string& path);
 
 // "float32" | "bfloat16" | "float16" to the torch dtype; InvalidArgument otherwise.

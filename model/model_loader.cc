@@ -1,5 +1,6 @@
 #include "model/model_loader.h"
 
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,17 +12,21 @@
 
 namespace praxis::model {
 
-absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneOptions& options) {
+namespace {
+
+absl::StatusOr<LoadedModel> Load(const ModelSource& source, const BackboneOptions& options) {
   CheckpointOptions ckpt_options;
   ckpt_options.device = options.device;
   if (!source.dtype.empty()) {
     PRAXIS_ASSIGN_OR_RETURN(ckpt_options.dtype, ParseDtype(source.dtype));
   }
+  if (!source.load.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(ckpt_options.load, ParseLoadMode(source.load));
+  }
   LoadedModel out;
   if (!source.checkpoint.empty()) {
     PRAXIS_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(source.checkpoint, ckpt_options));
-    PRAXIS_ASSIGN_OR_RETURN(out.config_json,
-                            ReadFileToString(JoinPath(source.checkpoint, "config.json")));
+    out.config_json = std::move(ckpt.config_json);
     PRAXIS_ASSIGN_OR_RETURN(out.model, VideoBackbone::Create(ckpt.config, ckpt.tensors, options));
     out.name = source.checkpoint;
     return out;
@@ -32,16 +37,37 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneO
     out.name = "embedded:tiny";
     PRAXIS_ASSIGN_OR_RETURN(config, ParseConfig(out.config_json));
   } else {
-    PRAXIS_ASSIGN_OR_RETURN(config, LoadConfig(source.config_path));
     const std::string& p = source.config_path;
-    PRAXIS_ASSIGN_OR_RETURN(out.config_json,
-                            ReadFileToString(IsDirectory(p) ? JoinPath(p, "config.json") : p));
+    const std::string file = IsDirectory(p) ? JoinPath(p, "config.json") : p;
+    PRAXIS_ASSIGN_OR_RETURN(out.config_json, ReadRegularFile(file, kMaxConfigBytes));
+    absl::StatusOr<BackboneConfig> parsed = ParseConfig(out.config_json);
+    if (!parsed.ok()) {
+      return absl::Status(parsed.status().code(),
+                          absl::StrCat(file, ": ", parsed.status().message()));
+    }
+    config = *std::move(parsed);
     out.name = source.config_path;
   }
   if (!source.dtype.empty()) config.dtype = source.dtype;  // random weights come in this dtype
   PRAXIS_ASSIGN_OR_RETURN(
       out.model, VideoBackbone::Create(config, RandomWeights(config, source.seed), options));
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneOptions& options) {
+  // RandomWeights allocates every parameter; a config within its bounds can still be more than
+  // this machine holds.
+  try {
+    return Load(source, options);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("loading the model: out of memory");
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("loading the model: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
+  }
 }
 
 absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {

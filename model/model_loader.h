@@ -20,6 +20,7 @@ struct ModelSource {
   std::string config_path;  // a config.json (or a directory holding one); empty: embedded tiny
   uint64_t seed = 0;        // of the random weights
   std::string dtype;        // "float32" | "bfloat16" | "float16"; empty keeps the config's
+  std::string load;         // checkpoint load mode (LoadMode): "copy" | "mmap"; empty is copy
 };
 
 // A model ready to run, with what describes it.
@@ -29,8 +30,9 @@ struct LoadedModel {
   std::string config_json;  // the config.json text it was built from
 };
 
-// Loads `source` onto options.device. The errors of LoadCheckpoint, LoadConfig and ParseDtype,
-// naming the file or field.
+// Loads `source` onto options.device. The errors of LoadCheckpoint, LoadConfig, ParseDtype and
+// ParseLoadMode, naming the file or field; a LibTorch exception building the model (out of memory)
+// becomes ResourceExhausted or Internal, never an escape.
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneOptions& options);
 
 // "cpu" | "cuda" | "cuda:N"; InvalidArgument naming --device otherwise.

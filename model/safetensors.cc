@@ -10,12 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
@@ -23,114 +21,50 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 namespace praxis::model {
 namespace {
 
-using Json = nlohmann::json;
-
-struct DtypeCode {
-  const char* name;
-  torch::ScalarType dtype;
-};
-
-constexpr DtypeCode kDtypes[] = {
-    {"F64", torch::kFloat64},
-    {"F32", torch::kFloat32},
-    {"F16", torch::kFloat16},
-    {"BF16", torch::kBFloat16},
-    {"I64", torch::kInt64},
-    {"I32", torch::kInt32},
-    {"I16", torch::kInt16},
-    {"I8", torch::kInt8},
-    {"U8", torch::kUInt8},
-    {"BOOL", torch::kBool},
-    {"F8_E4M3", torch::kFloat8_e4m3fn},
-    {"F8_E5M2", torch::kFloat8_e5m2},
-};
-
-bool DtypeFromName(const std::string& name, torch::ScalarType* out) {
-  for (const DtypeCode& c : kDtypes) {
-    if (name == c.name) {
-      *out = c.dtype;
-      return true;
-    }
-  }
-  return false;
-}
-
-bool IsUint(const Json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v >= 0); }
-
-// numel(shape) * element_size, or false on overflow.
-bool ByteSize(const std::vector<int64_t>& shape, torch::ScalarType dtype, uint64_t* out) {
-  uint64_t n = c10::elementSize(dtype);
-  for (int64_t d : shape) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) return false;
-    n *= static_cast<uint64_t>(d);
-  }
-  *out = n;
-  return true;
-}
-
-std::string Offsets(const TensorInfo& t) { return absl::StrCat("[", t.begin, ", ", t.end, ")"); }
-
-// One header entry {"dtype", "shape", "data_offsets"}, checked against the data region's size.
-absl::StatusOr<TensorInfo> ParseEntry(const Json& v, uint64_t data_bytes) {
-  if (!v.is_object()) return absl::InvalidArgumentError("header entry is not an object");
-  TensorInfo t;
-  auto dtype = v.find("dtype");
-  if (dtype == v.end() || !dtype->is_string()) {
-    return absl::InvalidArgumentError("missing or non-string 'dtype'");
-  }
-  if (!DtypeFromName(dtype->get<std::string>(), &t.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", dtype->dump()));
-  }
-  auto shape = v.find("shape");
-  if (shape == v.end() || !shape->is_array() ||
-      !std::all_of(shape->begin(), shape->end(), IsUint)) {
-    return absl::InvalidArgumentError("'shape' must be a list of non-negative integers");
-  }
-  for (const Json& d : *shape) {
-    if (d.get<uint64_t>() > uint64_t{INT64_MAX})
-      return absl::InvalidArgumentError("shape overflow");
-    t.shape.push_back(d.get<int64_t>());
-  }
-  auto offsets = v.find("data_offsets");
-  if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
-      !IsUint((*offsets)[0]) || !IsUint((*offsets)[1])) {
-    return absl::InvalidArgumentError("'data_offsets' must be two non-negative integers");
-  }
-  t.begin = (*offsets)[0].get<uint64_t>();
-  t.end = (*offsets)[1].get<uint64_t>();
-  if (t.begin > t.end)
-    return absl::InvalidArgumentError(absl::StrCat("data_offsets ", Offsets(t), " are reversed"));
-  if (t.end > data_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("data_offsets ", Offsets(t), " exceed the ",
-                                                   data_bytes,
-                                                   "-byte data region (file truncated?)"));
-  }
-  uint64_t want = 0;
-  if (!ByteSize(t.shape, t.dtype, &want) || t.end - t.begin != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data_offsets ", Offsets(t), " hold ", t.end - t.begin, " bytes, but dtype ",
-        dtype->get<std::string>(), " shape [", absl::StrJoin(t.shape, ", "), "] needs ", want));
-  }
-  return t;
-}
-
-absl::Status ParseMetadata(const Json& v, std::map<std::string, std::string>* out) {
-  if (!v.is_object()) return absl::InvalidArgumentError("'__metadata__' is not an object");
-  for (const auto& [key, value] : v.items()) {
-    if (!value.is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'__metadata__' value of '", key, "' is not a string"));
-    }
-    (*out)[key] = value.get<std::string>();
-  }
-  return absl::OkStatus();
-}
-
 absl::Status InFile(const std::string& path, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
 }
 
+// Reads exactly `n` bytes at `offset` of `fd` into `dst`; Internal when the file ends first (it
+// shrank since its size was taken) or a read fails.
+absl::Status PreadExactly(int fd, uint64_t offset, void* dst, uint64_t n) {
+  auto* out = static_cast<char*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, out + done, want, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::InternalError(absl::StrCat("read failed: ", strerror(errno)));
+    if (got == 0) {
+      return absl::InternalError(absl::StrCat("the file ended at byte ", offset + done,
+                                              ", expected ", n - done,
+                                              " more (truncated since "
+                                              "it was opened?)"));
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+// The validated header of the open regular file `fd`, of `file_bytes` bytes.
+absl::StatusOr<SafetensorsHeader> ReadHeader(int fd, uint64_t file_bytes) {
+  char length[8] = {};
+  if (file_bytes >= 8) PRAXIS_RETURN_IF_ERROR(PreadExactly(fd, 0, length, 8));
+  PRAXIS_ASSIGN_OR_RETURN(const uint64_t n,
+                          ParseSafetensorsHeaderLength(absl::string_view(length, 8), file_bytes));
+  std::string json(n, '\0');
+  PRAXIS_RETURN_IF_ERROR(PreadExactly(fd, 8, json.data(), n));
+  return ParseSafetensorsHeaderJson(json, file_bytes);
+}
+
 }  // namespace
+
+absl::StatusOr<LoadMode> ParseLoadMode(absl::string_view name) {
+  if (name == "copy") return LoadMode::kCopy;
+  if (name == "mmap") return LoadMode::kMmap;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--load: expected copy or mmap, got \"", name, "\""));
+}
 
 // A read-only mapping of a whole file; unmapped when the last tensor view (or the file) lets go.
 struct SafetensorsFile::Mapping {
@@ -144,102 +78,88 @@ struct SafetensorsFile::Mapping {
 
 SafetensorsFile::~SafetensorsFile() = default;
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", strerror(errno)));
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                                       LoadMode mode) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->mode_ = mode;
+  PRAXIS_ASSIGN_OR_RETURN(file->fd_, OpenRegularFile(path));
   struct stat st;
-  const bool stat_ok = fstat(fd, &st) == 0;
-  const uint64_t size = stat_ok ? static_cast<uint64_t>(st.st_size) : 0;
-  void* p = size >= 8 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  const int map_errno = errno;
-  close(fd);
-  if (!stat_ok || size < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", size, " bytes, too short for the 8-byte header length"));
+  if (fstat(file->fd_.get(), &st) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": fstat failed: ", strerror(errno)));
   }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  absl::StatusOr<SafetensorsHeader> header = ReadHeader(file->fd_.get(), size);
+  if (!header.ok()) return InFile(path, header.status());
+  file->header_ = *std::move(header);
+  if (mode == LoadMode::kCopy) return file;
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file->fd_.get(), 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat(path, ": mmap failed: ", strerror(map_errno)));
+    return absl::InternalError(absl::StrCat(path, ": mmap failed: ", strerror(errno)));
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->data = static_cast<const uint8_t*>(p);
   mapping->size = size;
-  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->path_ = path;
   file->mapping_ = std::move(mapping);
-  uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, file->mapping_->data, 8);
-  if (header_bytes > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_bytes,
-                                                   " exceeds the file (", size, " bytes)"));
-  }
-  file->data_start_ = 8 + header_bytes;
-  const char* text = reinterpret_cast<const char*>(file->mapping_->data + 8);
-  const Json header = Json::parse(text, text + header_bytes, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the ", header_bytes, "-byte header is not valid JSON"));
-  }
-  if (!header.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
-  }
-  const uint64_t data_bytes = size - file->data_start_;
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      PRAXIS_RETURN_IF_ERROR(InFile(path, ParseMetadata(value, &file->metadata_)));
-      continue;
-    }
-    absl::StatusOr<TensorInfo> info = ParseEntry(value, data_bytes);
-    if (!info.ok()) return InFile(path, InFile(absl::StrCat("tensor '", name, "'"), info.status()));
-    file->entries_.emplace(name, *std::move(info));
-  }
+  file->fd_.Reset();  // the mapping outlives the descriptor
   return file;
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
-  out.reserve(entries_.size());
-  for (const auto& [name, info] : entries_) out.push_back(name);
+  out.reserve(header_.entries.size());
+  for (const auto& [name, info] : header_.entries) out.push_back(name);
   return out;
 }
 
 const TensorInfo* SafetensorsFile::info(const std::string& name) const {
-  auto it = entries_.find(name);
-  return it == entries_.end() ? nullptr : &it->second;
+  auto it = header_.entries.find(name);
+  return it == header_.entries.end() ? nullptr : &it->second;
 }
 
 absl::StatusOr<torch::Tensor> SafetensorsFile::Get(const std::string& name) const {
   const TensorInfo* t = info(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
-  uint8_t* p = const_cast<uint8_t*>(mapping_->data + data_start_ + t->begin);
-  const auto options = torch::TensorOptions().dtype(t->dtype);
   try {
-    // The deleter's copy of the mapping is what keeps the bytes mapped while the view lives.
-    torch::Tensor view = torch::from_blob(
-        p, t->shape, [keep = mapping_](void*) mutable { keep.reset(); }, options);
-    if (reinterpret_cast<uintptr_t>(p) % c10::elementSize(t->dtype) != 0) return view.clone();
-    return view;
+    return mode_ == LoadMode::kCopy ? Read(name, *t) : View(name, *t);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat(path_, ": tensor '", name, "': ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path_, ": tensor '", name, "': out of memory for ", t->end - t->begin, " bytes"));
   }
 }
 
+absl::StatusOr<torch::Tensor> SafetensorsFile::Read(const std::string& name,
+                                                    const TensorInfo& t) const {
+  torch::Tensor out = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
+  absl::Status read =
+      PreadExactly(fd_.get(), header_.data_start + t.begin, out.data_ptr(), t.end - t.begin);
+  if (!read.ok()) return InFile(path_, InFile(absl::StrCat("tensor '", name, "'"), read));
+  return out;
+}
+
+absl::StatusOr<torch::Tensor> SafetensorsFile::View(const std::string& name,
+                                                    const TensorInfo& t) const {
+  uint8_t* p = const_cast<uint8_t*>(mapping_->data + header_.data_start + t.begin);
+  // The deleter's copy of the mapping is what keeps the bytes mapped while the view lives.
+  torch::Tensor view = torch::from_blob(
+      p, t.shape, [keep = mapping_](void*) mutable { keep.reset(); },
+      torch::TensorOptions().dtype(t.dtype));
+  if (reinterpret_cast<uintptr_t>(p) % c10::elementSize(t.dtype) != 0) return view.clone();
+  return view;
+}
+
 std::pair<const uint8_t*, size_t> SafetensorsFile::mapping() const {
+  if (mapping_ == nullptr) return {nullptr, 0};
   return {mapping_->data, mapping_->size};
 }
 
 bool SafetensorsFile::IsViewOf(const torch::Tensor& t) const {
-  if (!t.defined() || !t.device().is_cpu()) return false;
+  if (mapping_ == nullptr || !t.defined() || !t.device().is_cpu()) return false;
   const auto* p = static_cast<const uint8_t*>(t.data_ptr());
   return p >= mapping_->data && p + t.nbytes() <= mapping_->data + mapping_->size;
-}
-
-absl::StatusOr<std::string> SafetensorsDtypeName(torch::ScalarType dtype) {
-  for (const DtypeCode& c : kDtypes) {
-    if (c.dtype == dtype) return std::string(c.name);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("safetensors has no code for dtype ", c10::toString(dtype)));
 }
 
 namespace {

@@ -32,6 +32,8 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(std::string, config, "",
           "with no --checkpoint: a config.json served with deterministic random weights");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights when no --checkpoint is given");
+ABSL_FLAG(std::string, load, "copy",
+          "copy | mmap: read the checkpoint into memory, or map it (SIGBUS if the file shrinks)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16; empty keeps the checkpoint's");
 ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
@@ -148,7 +150,8 @@ absl::Status Run() {
   const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                                   .config_path = absl::GetFlag(FLAGS_config),
                                   .seed = absl::GetFlag(FLAGS_seed),
-                                  .dtype = absl::GetFlag(FLAGS_dtype)};
+                                  .dtype = absl::GetFlag(FLAGS_dtype),
+                                  .load = absl::GetFlag(FLAGS_load)};
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, backbone));
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);

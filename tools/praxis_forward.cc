@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, config, "",
           "config.json for a model with deterministic random weights (--seed); not used with "
           "--checkpoint, whose own config.json describes it");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights when no --checkpoint is given");
+ABSL_FLAG(std::string, load, "copy",
+          "copy | mmap: read the checkpoint into memory, or map it (SIGBUS if the file shrinks)");
 ABSL_FLAG(std::string, inputs, "", "safetensors with text, anchor, [clean], noised, timesteps");
 ABSL_FLAG(std::string, out, "",
           "safetensors to write: velocity, cond, tap.N, embeddings, positions");
@@ -59,7 +61,8 @@ absl::Status Run() {
   const ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                            .config_path = absl::GetFlag(FLAGS_config),
                            .seed = absl::GetFlag(FLAGS_seed),
-                           .dtype = absl::GetFlag(FLAGS_dtype)};
+                           .dtype = absl::GetFlag(FLAGS_dtype),
+                           .load = absl::GetFlag(FLAGS_load)};
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
   VideoBackbone* model = loaded.model.get();
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadInputs(absl::GetFlag(FLAGS_inputs)));

@@ -1,6 +1,5 @@
 #include "model/checkpoint.h"
 
-#include <ftw.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -15,109 +14,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "model/config_bounds.h"
 #include "model/safetensors.h"
+#include "tests/model/checkpoint_fixture.h"
+#include "tests/model/promptly.h"
 
 namespace praxis::model {
 namespace {
 
 using ::testing::HasSubstr;
-using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// (POSIX, not std::filesystem: see common/file_util.h.)
-std::string ReadFile(const std::string& path) { return ReadFileToString(path).value_or(""); }
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-void RemoveTree(const std::string& dir) {
-  nftw(
-      dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
-      16, FTW_DEPTH | FTW_PHYS);
-}
-
-int64_t FileSize(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
-}
-
-std::string TinyConfigText() {
-  return ReadFile(std::string(PRAXIS_SOURCE_DIR) + "/configs/tiny.json");
-}
-
-// tiny.json with backbone.dtype replaced.
-std::string TinyConfigWithDtype(const std::string& dtype) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(TinyConfigText());
-  j["backbone"]["dtype"] = dtype;
-  return j.dump(2);
-}
-
-// One random tensor per expected parameter, with its spec's shape and dtype.
-Named RandomTensors(const BackboneConfig& config, uint64_t seed) {
-  torch::Generator gen = at::detail::createCPUGenerator(seed);
-  Named out;
-  for (const auto& [name, spec] : ExpectedParameters(config)) {
-    out.emplace_back(name, torch::randn(spec.shape, gen).to(spec.dtype));
-  }
-  return out;
-}
-
-// A checkpoint directory per test: config.json and model.safetensors written from `tensors`.
-class CheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string templ = JoinPath(testing::TempDir(), "checkpoint_test_XXXXXX");
-    ASSERT_NE(mkdtemp(templ.data()), nullptr) << templ;
-    dir_ = templ;
-    UseConfig(TinyConfigText());
-  }
-  void TearDown() override { RemoveTree(dir_); }
-
-  void UseConfig(const std::string& text) {
-    config_text_ = text;
-    config_ = *ParseConfig(text);
-    tensors = RandomTensors(config_, 7);
-  }
-  void Write() {
-    WriteFile(JoinPath(dir_, "config.json"), config_text_);
-    ASSERT_TRUE(WriteSafetensors(weights(), tensors, {{"format", "pt"}}).ok());
-  }
-  absl::StatusOr<Checkpoint> Load(const CheckpointOptions& options = {}) {
-    return LoadCheckpoint(dir_, options);
-  }
-  // Writes, loads, expects InvalidArgument and returns its message.
-  std::string LoadError() {
-    Write();
-    absl::StatusOr<Checkpoint> c = Load();
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
-    return std::string(c.status().message());
-  }
-  torch::Tensor& Find(const std::string& name) {
-    auto it = std::find_if(tensors.begin(), tensors.end(),
-                           [&](const auto& p) { return p.first == name; });
-    EXPECT_NE(it, tensors.end()) << name;
-    return it->second;
-  }
-  void Remove(const std::string& name) {
-    std::erase_if(tensors, [&](const auto& p) { return p.first == name; });
-  }
-  std::string weights() const { return JoinPath(dir_, "model.safetensors"); }
-
-  std::string dir_;
-  std::string config_text_;
-  BackboneConfig config_;
-  Named tensors;
-};
-
-void ExpectSameValues(const Checkpoint& c, const Named& written, torch::ScalarType param_dtype) {
-  ASSERT_EQ(c.tensors.size(), written.size());
-  for (const auto& [name, t] : written) {
-    ASSERT_TRUE(c.tensors.count(name)) << name;
-    const torch::ScalarType want = IsFloat32Parameter(name) ? torch::kFloat32 : param_dtype;
-    const torch::Tensor& got = c.tensors.at(name);
-    EXPECT_EQ(got.scalar_type(), want) << name;
-    EXPECT_TRUE(torch::equal(got, t.to(want))) << name;
-  }
+// `options`, loading by memory-mapping.
+CheckpointOptions Mmap(CheckpointOptions options) {
+  options.load = LoadMode::kMmap;
+  return options;
 }
 
 TEST(ExpectedParametersTest, TinyHasTheDocumentedParameters) {
@@ -134,6 +44,19 @@ TEST(ExpectedParametersTest, TinyHasTheDocumentedParameters) {
   EXPECT_EQ(numel, 272512);  // docs/model.md: "272,512 parameters"
   EXPECT_EQ(specs.front().first, "backbone.encoder.registers");
   EXPECT_EQ(specs.back().first, "backbone.decoder.blocks.1.modulation.bias");
+}
+
+TEST(ExpectedParametersTest, ParameterCountIsTheirTotal) {
+  for (const char* name : {"tiny.json", "bench.json", "praxis-1.json"}) {
+    const BackboneConfig config = *LoadConfig(absl::StrCat(PRAXIS_SOURCE_DIR, "/configs/", name));
+    int64_t numel = 0;
+    for (const auto& [param, spec] : ExpectedParameters(config)) {
+      int64_t n = 1;
+      for (int64_t d : spec.shape) n *= d;
+      numel += n;
+    }
+    EXPECT_EQ(ParameterCount(config).value_or(-1), numel) << name;
+  }
 }
 
 TEST(ExpectedParametersTest, DtypesAndQkNorm) {
@@ -160,9 +83,9 @@ TEST_F(CheckpointTest, LoadsWhatItWrote) {
   ExpectSameValues(*c, tensors, torch::kFloat32);
 }
 
-TEST_F(CheckpointTest, ZeroCopyWithoutConversion) {
+TEST_F(CheckpointTest, ZeroCopyWithoutConversionInMmapMode) {
   Write();
-  absl::StatusOr<Checkpoint> c = Load();
+  absl::StatusOr<Checkpoint> c = Load(Mmap({}));
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_EQ(c->files.size(), 1u);
   const auto [begin, size] = c->files[0]->mapping();
@@ -279,7 +202,7 @@ TEST_F(CheckpointTest, ShardedIndexLoads) {
   }
   WriteFile(JoinPath(dir_, "model.safetensors.index.json"),
             nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump());
-  absl::StatusOr<Checkpoint> c = Load();
+  absl::StatusOr<Checkpoint> c = Load(Mmap({}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->files.size(), 2u);
   EXPECT_EQ(c->ignored, std::vector<std::string>({"vae.scale"}));
@@ -306,7 +229,7 @@ TEST_F(CheckpointTest, Bfloat16ConvertedToFloat32AtLoad) {
 
 TEST_F(CheckpointTest, Float32ConvertedToBfloat16AtLoad) {
   Write();
-  absl::StatusOr<Checkpoint> c = Load({.dtype = torch::kBFloat16});
+  absl::StatusOr<Checkpoint> c = Load(Mmap({.dtype = torch::kBFloat16}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->config.dtype, "bfloat16");
   EXPECT_EQ(c->config.param_dtype(), torch::kBFloat16);
@@ -321,6 +244,75 @@ TEST_F(CheckpointTest, ConfigErrorsPassThrough) {
   j["backbone"]["moe"]["foo"] = 1;
   config_text_ = j.dump();
   EXPECT_THAT(LoadError(), HasSubstr("backbone.moe: unknown key 'foo'"));
+}
+
+// The load is read into memory by default: truncating the file afterwards (as an operator copying
+// a new checkpoint over the old one would) must not touch the served tensors. With mmap this test
+// dies of SIGBUS.
+TEST_F(CheckpointTest, CopyModeSurvivesTruncatingTheFileAfterLoad) {
+  Write();
+  absl::StatusOr<Checkpoint> c = Load();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->files.empty());
+  ASSERT_EQ(::truncate(weights().c_str(), 0), 0);
+  ExpectSameValues(*c, tensors, torch::kFloat32);
+  EXPECT_EQ(c->config_json, config_text_);
+}
+
+TEST_F(CheckpointTest, FifoNamedModelSafetensorsIsRefusedPromptly) {
+  WriteFile(JoinPath(dir_, "config.json"), config_text_);
+  ASSERT_EQ(::mkfifo(weights().c_str(), 0600), 0);
+  const absl::Status s = RunPromptly([&] { return Load().status(); }, weights());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), weights() + ": not a regular file (a FIFO)");
+}
+
+TEST_F(CheckpointTest, FifoConfigIsRefusedPromptly) {
+  Write();
+  const std::string config = JoinPath(dir_, "config.json");
+  ::unlink(config.c_str());
+  ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0);
+  const absl::Status s = RunPromptly([&] { return Load().status(); }, config);
+  EXPECT_EQ(s.message(), config + ": not a regular file (a FIFO)");
+}
+
+TEST_F(CheckpointTest, HostileConfigIsRefusedNamingFileAndKey) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(TinyConfigText());
+  j["backbone"]["decoder"]["unpatch_factor"] = {1, int64_t{1} << 32, int64_t{1} << 32};
+  WriteFile(JoinPath(dir_, "config.json"), j.dump());
+  absl::StatusOr<Checkpoint> c = Load();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr(JoinPath(dir_, "config.json") + ": backbone.decoder.unpatch_factor: "));
+}
+
+// The header of model.safetensors rewritten so that every tensor starts at byte 0 of the data.
+TEST_F(CheckpointTest, AliasedTensorsAreRefused) {
+  Write();
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t longest = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t n = t.nbytes();
+    longest = std::max(longest, n);
+    header[name] = {{"dtype", "F32"}, {"shape", t.sizes().vec()}, {"data_offsets", {0, n}}};
+  }
+  const std::string text = header.dump();
+  const uint64_t n = text.size();
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &n, 8);
+  WriteFile(weights(), bytes + text + std::string(longest, '\0'));
+  absl::StatusOr<Checkpoint> c = Load();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr(weights() + ": tensors '"));
+  EXPECT_THAT(c.status().message(), HasSubstr("overlap"));
+}
+
+TEST_F(CheckpointTest, TrailingBytesAreRefused) {
+  Write();
+  WriteFile(weights(), ReadFile(weights()) + "hidden payload");
+  absl::StatusOr<Checkpoint> c = Load();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr(weights() + ": 14 trailing bytes"));
 }
 
 }  // namespace

@@ -3,12 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+
+#include "model/config_bounds.h"
+#include "tests/model/promptly.h"
 
 namespace praxis::model {
 namespace {
@@ -242,6 +246,99 @@ TEST(ConfigTest, InconsistentValuesAreRejected) {
     j[cases[i].first] = cases[i].second;
     EXPECT_EQ(ErrorOf(j), want[i]) << cases[i].first.to_string();
   }
+}
+
+TEST(ConfigTest, UnpatchFactorProductThatWrapsIsRefusedNotASigfpe) {
+  // 2^32 * 2^32 wraps to 0 in int64, and `c_in % 0` used to kill the process with SIGFPE.
+  Json j = TinyJson();
+  j["backbone"]["decoder"]["unpatch_factor"] = {1, int64_t{1} << 32, int64_t{1} << 32};
+  EXPECT_EQ(ErrorOf(j),
+            "backbone.decoder.unpatch_factor: expected non-negative sizes whose product is at "
+            "most 131072, got [1, 4294967296, 4294967296]");
+  j["backbone"]["decoder"]["unpatch_factor"] = {1, int64_t{1} << 62, 4};
+  EXPECT_THAT(ErrorOf(j), HasSubstr("backbone.decoder.unpatch_factor: "));
+}
+
+TEST(ConfigTest, SizesBeyondTheirBoundsNameTheirKey) {
+  const std::pair<Json::json_pointer, Json> cases[] = {
+      {Json::json_pointer("/backbone/dim"), int64_t{1} << 40},
+      {Json::json_pointer("/backbone/timestep_dim"), int64_t{1} << 18},
+      {Json::json_pointer("/backbone/encoder/ffn_dim"), int64_t{1} << 62},
+      {Json::json_pointer("/backbone/moe/expert_dim"), 200000},
+      {Json::json_pointer("/backbone/decoder/depth"), 5000},
+      {Json::json_pointer("/backbone/num_registers"), 1 << 20},
+      {Json::json_pointer("/backbone/attention/flex_block_size"), 1 << 16},
+      {Json::json_pointer("/backbone/text_position_offset"), INT64_MIN},
+      {Json::json_pointer("/backbone/decoder_frame_block_offset"), INT64_MAX},
+  };
+  const char* want[] = {
+      "backbone.dim: 1099511627776 exceeds the limit of 131072",
+      "backbone.timestep_dim: 262144 exceeds the limit of 131072",
+      "backbone.encoder.ffn_dim: 4611686018427387904 exceeds the limit of 131072",
+      "backbone.moe.expert_dim: 200000 exceeds the limit of 131072",
+      "backbone.decoder.depth: 5000 exceeds the limit of 1024",
+      "backbone.num_registers: 1048576 exceeds the limit of 4096",
+      "backbone.attention.flex_block_size: 65536 exceeds the limit of 1024",
+      "backbone.text_position_offset: -9223372036854775808 is beyond +-1048576",
+      "backbone.decoder_frame_block_offset: 9223372036854775807 is beyond +-1048576",
+  };
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    Json j = TinyJson();
+    j[cases[i].first] = cases[i].second;
+    EXPECT_EQ(ErrorOf(j), want[i]) << cases[i].first.to_string();
+  }
+  Json experts = TinyJson();  // top_k <= num_experts holds, so the bound is what refuses it
+  experts["backbone"]["moe"]["num_experts"] = 10000;
+  EXPECT_EQ(ErrorOf(experts), "backbone.moe.num_experts: 10000 exceeds the limit of 4096");
+}
+
+TEST(ConfigTest, TotalParameterCountIsBounded) {
+  // Every size within its own bound, but together ~2^46 parameters: refused before any allocation.
+  Json j = TinyJson();
+  j["backbone"]["dim"] = 131072;
+  j["backbone"]["encoder"]["depth"] = 1024;
+  j["backbone"]["encoder"]["ffn_dim"] = 131072;
+  absl::StatusOr<BackboneConfig> c = ParseConfig(j.dump());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("parameters exceed the limit of 274877906944"));
+  EXPECT_EQ(c.status().message().substr(0, 10), "backbone: ");
+}
+
+TEST(ConfigTest, ParameterCountOfTheRepositoryConfigs) {
+  EXPECT_EQ(*ParameterCount(*LoadConfig(RepoConfig("tiny.json"))), 272512);  // docs/model.md
+  absl::StatusOr<int64_t> praxis1 = ParameterCount(*LoadConfig(RepoConfig("praxis-1.json")));
+  ASSERT_TRUE(praxis1.ok()) << praxis1.status();
+  EXPECT_GT(*praxis1, int64_t{10'000'000'000});
+  EXPECT_LT(*praxis1, kMaxParameters / 8);
+}
+
+TEST(ConfigTest, DeeplyNestedJsonIsRefusedWithoutRecursing) {
+  // Parsing this into an ordered_json, or dump()ing it, recursed 200,000 deep: a stack overflow.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  Json j = TinyJson();
+  std::string text = j.dump();
+  const std::string key = "\"dim\":64";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "\"dim\":" + deep);
+  EXPECT_EQ(ParseConfig(text).status().message(), "config: JSON nested deeper than 64 levels");
+  // Brackets inside strings are text, and a nested value within the limit is named, not dumped.
+  j["backbone"]["dtype"] = std::string(100, '[');
+  EXPECT_EQ(ErrorOf(j), "backbone: dtype must be one of ('float32', 'bfloat16', 'float16')");
+  j = TinyJson();
+  j["backbone"]["dim"] = Json::array({Json::array({1})});
+  EXPECT_EQ(ErrorOf(j), "backbone.dim: expected an integer, got a nested list");
+}
+
+TEST(ConfigTest, FifoIsRefusedPromptly) {
+  std::string dir = testing::TempDir() + "/config_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string fifo = dir + "/config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Status s = RunPromptly([&] { return LoadConfig(dir).status(); }, fifo);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), fifo + ": not a regular file (a FIFO)");
+  ::unlink(fifo.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(ConfigTest, ParseDtype) {
