@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "model/config.h"
 #include "praxis/v1/praxis.grpc.pb.h"
+#include "server/auth.h"
 #include "server/batching/batcher.h"
 #include "server/metrics.h"
 #include "server/step_request.h"
@@ -24,6 +25,7 @@ namespace praxis::serve {
 struct ServiceOptions {
   int64_t max_chunk_bytes = 1 << 20;  // of each TensorChunk's data
   StepLimits limits;
+  std::shared_ptr<const TokenAuthenticator> auth;  // null: calls need no token
 };
 
 class SessionReactor;
@@ -74,6 +76,9 @@ class PraxisService final : public v1::Praxis::CallbackService {
   // Called by a reactor when it has written a whole answer.
   void CountAnsweredOk() { ++answered_ok_; }
   ServiceCounts counts() const { return {accepted_.load(), answered_ok_.load()}; }
+
+  // OK without a token file; else the token check of `ctx`, its failures counted for `method`.
+  absl::Status Authenticate(const grpc::CallbackServerContext& ctx, absl::string_view method);
 
   // Sessions register so that StartDrain can end them.
   void AddSession(std::weak_ptr<SessionReactor> s);
