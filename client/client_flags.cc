@@ -9,6 +9,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with; implies
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that require one");
 ABSL_FLAG(std::string, tls_key, "", "PEM client key");
 ABSL_FLAG(std::string, tls_server_name, "", "name to check the server certificate against");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the bearer token sent on every call (servers with "
+          "--auth_token_file)");
 
 namespace praxis::client {
 
@@ -19,6 +22,7 @@ ClientOptions ClientOptionsFromFlags() {
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.token_file = absl::GetFlag(FLAGS_token_file);
   return o;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// The connection flags praxis-cli and praxis-load share: --address, --timeout and TLS.
+// The connection flags praxis-cli and praxis-load share: --address, --timeout, TLS and the token.
 
 #include <string>
 
@@ -13,7 +13,7 @@ ABSL_DECLARE_FLAG(absl::Duration, timeout);
 
 namespace praxis::client {
 
-// ClientOptions from --tls, --tls_ca, --tls_cert, --tls_key and --tls_server_name.
+// ClientOptions from --tls, --tls_ca, --tls_cert, --tls_key, --tls_server_name and --token_file.
 ClientOptions ClientOptionsFromFlags();
 
 }  // namespace praxis::client

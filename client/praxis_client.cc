@@ -5,7 +5,10 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/request_builder.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
@@ -33,6 +36,35 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const Clie
   return grpc::SslCredentials(ssl);
 }
 
+// The token of `o`: `token`, or the first non-blank line of `token_file`.
+absl::StatusOr<std::string> Token(const ClientOptions& o) {
+  std::string token = o.token;
+  if (token.empty() && !o.token_file.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(o.token_file));
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      line = absl::StripAsciiWhitespace(line);
+      if (!line.empty() && !absl::StartsWith(line, "#")) {
+        token = std::string(line);
+        break;
+      }
+    }
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(o.token_file, ": no token in the file"));
+    }
+  }
+  // gRPC would refuse such a header value at call time; say so at once instead.
+  for (const char c : token) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("token: expected printable ASCII characters only");
+    }
+  }
+  return token;
+}
+
+void AddToken(grpc::ClientContext& ctx, const std::string& token) {
+  if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+}
+
 }  // namespace
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -43,6 +75,8 @@ absl::Status FromGrpc(const grpc::Status& s) {
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& address,
                                                        const ClientOptions& options) {
   PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, Credentials(options));
+  ClientOptions resolved = options;
+  PRAXIS_ASSIGN_OR_RETURN(resolved.token, Token(options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_receive_bytes));
   args.SetMaxSendMessageSize(-1);
@@ -51,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
   return std::unique_ptr<Client>(
-      new Client(grpc::CreateCustomChannel(address, creds, args), options));
+      new Client(grpc::CreateCustomChannel(address, creds, args), std::move(resolved)));
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -76,10 +110,15 @@ absl::StatusOr<StepReply> Client::Step(const v1::StepRequest& request,
   }
 }
 
+void Client::Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const {
+  ctx.set_deadline(After(timeout));
+  AddToken(ctx, options_.token);
+}
+
 absl::StatusOr<StepReply> Client::StepOnce(const v1::StepRequest& request,
                                            absl::Duration timeout) const {
   grpc::ClientContext ctx;
-  ctx.set_deadline(After(timeout));
+  Prepare(ctx, timeout);
   if (const std::string key = LayoutKeyOf(request); !key.empty()) {
     ctx.AddMetadata(kLayoutHeader, key);
   }
@@ -106,7 +145,7 @@ absl::StatusOr<StepReply> Client::StepOnce(const v1::StepRequest& request,
 
 absl::StatusOr<v1::ModelInfo> Client::Info(absl::Duration timeout) const {
   grpc::ClientContext ctx;
-  ctx.set_deadline(After(timeout));
+  Prepare(ctx, timeout);
   v1::ModelInfo info;
   PRAXIS_RETURN_IF_ERROR(FromGrpc(stub_->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info)));
   return info;
@@ -115,7 +154,7 @@ absl::StatusOr<v1::ModelInfo> Client::Info(absl::Duration timeout) const {
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
     const std::string& service, absl::Duration timeout) const {
   grpc::ClientContext ctx;
-  ctx.set_deadline(After(timeout));
+  Prepare(ctx, timeout);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
@@ -124,11 +163,12 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Hea
 }
 
 std::unique_ptr<Session> Client::OpenSession(absl::Duration timeout) const {
-  return std::make_unique<Session>(*stub_, timeout);
+  return std::make_unique<Session>(*stub_, timeout, options_.token);
 }
 
-Session::Session(v1::Praxis::Stub& stub, absl::Duration timeout) {
+Session::Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token) {
   ctx_.set_deadline(After(timeout));
+  AddToken(ctx_, token);
   stream_ = stub.Session(&ctx_);
 }
 

@@ -21,7 +21,9 @@ struct ClientOptions {
   std::string tls_cert_file;  // PEM client certificate, for servers that require one
   std::string tls_key_file;
   std::string tls_server_name;  // overrides the name checked against the server's certificate
-  int max_attempts = 3;         // per call, counting the first; only UNAVAILABLE is retried
+  std::string token;       // bearer token sent as `authorization: Bearer <token>` on every call
+  std::string token_file;  // or a file whose first non-blank line is the token
+  int max_attempts = 3;    // per call, counting the first; only UNAVAILABLE is retried
   absl::Duration initial_backoff = absl::Milliseconds(100);  // doubled per retry, with jitter
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_receive_bytes = int64_t{64} << 20;  // per message (chunks are ≤ 1 MiB by default)
@@ -39,7 +41,8 @@ class Session;
 // computed. Thread-safe: one Client serves many threads.
 class Client {
  public:
-  // InvalidArgument for unreadable TLS files. Connecting is lazy; the first call does it.
+  // NotFound for unreadable TLS or token files, InvalidArgument for an empty token file or a
+  // token that cannot travel in a header. Connecting is lazy; the first call does it.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& address,
                                                         const ClientOptions& options = {});
 
@@ -58,6 +61,8 @@ class Client {
  private:
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
   absl::StatusOr<StepReply> StepOnce(const v1::StepRequest& request, absl::Duration timeout) const;
+  // A context for one call: its deadline and, with a token, the authorization header.
+  void Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Praxis::Stub> stub_;
@@ -70,7 +75,8 @@ class Client {
 // thread-safe (one robot, one control loop).
 class Session {
  public:
-  Session(v1::Praxis::Stub& stub, absl::Duration timeout);
+  // `token`: sent as the bearer token when not empty.
+  Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token = "");
   ~Session();
 
   absl::StatusOr<StepReply> Step(const v1::StepRequest& request);

@@ -1,12 +1,47 @@
 #include "client/step_assembler.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/tensor_codec.h"
 
 namespace praxis::client {
+namespace {
+
+// The wire codec's limit on dimensions; a header beyond it can only be hostile.
+constexpr int kMaxDims = 8;
+
+// OK iff `t` is a tensor this client can hold: a known dtype, at most kMaxDims non-negative
+// dimensions whose byte size fits in int64 and equals the announced nbytes. Checked with the
+// header, before any byte is kept, so that a hostile or broken server gets DataLoss, never a
+// wrapped size that LibTorch would then refuse by throwing.
+absl::Status CheckTensorHeader(const v1::TensorHeader& t) {
+  absl::StatusOr<torch::ScalarType> dtype = serve::FromWireDtype(t.dtype(), t.name());
+  if (!dtype.ok()) return absl::DataLossError(dtype.status().message());
+  const std::string shape = absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
+  if (t.shape_size() > kMaxDims) {
+    return absl::DataLossError(
+        absl::StrCat(t.name(), ": shape ", shape, " has more than ", kMaxDims, " dimensions"));
+  }
+  std::optional<int64_t> numel = CheckedProduct(absl::MakeConstSpan(t.shape()));
+  std::optional<int64_t> nbytes;
+  if (numel) nbytes = CheckedMul(*numel, static_cast<int64_t>(c10::elementSize(*dtype)));
+  if (!nbytes) {
+    return absl::DataLossError(
+        absl::StrCat(t.name(), ": shape ", shape, " is negative or too large to hold"));
+  }
+  if (*nbytes != t.nbytes()) {
+    return absl::DataLossError(absl::StrCat(t.name(), ": header announces ", t.nbytes(),
+                                            " bytes for shape ", shape, ", which holds ", *nbytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
   if (complete_) return absl::DataLossError("message after the trailer");
@@ -15,6 +50,9 @@ absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
       return absl::Status(static_cast<absl::StatusCode>(msg.error().code()), msg.error().message());
     case v1::StepResponse::kHeader:
       if (have_header_) return absl::DataLossError("a second header");
+      for (const v1::TensorHeader& t : msg.header().tensors()) {
+        PRAXIS_RETURN_IF_ERROR(CheckTensorHeader(t));
+      }
       have_header_ = true;
       reply_.header = msg.header();
       bytes_.clear();

@@ -20,12 +20,14 @@ struct StepReply {
 };
 
 // Rebuilds a StepReply from the StepResponse messages of one step, checking the protocol: a header
-// first, then for each announced tensor, in header order, chunks with contiguous offsets that add
-// up to exactly its announced size, then a trailer. Not thread-safe.
+// first (each tensor's dtype known and its shape's byte size, overflow-checked, equal to nbytes),
+// then for each announced tensor, in header order, chunks with contiguous offsets that add up to
+// exactly its announced size, then a trailer. Not thread-safe.
 class StepAssembler {
  public:
   // Feeds the next message. True once the trailer has arrived; DataLoss naming the tensor for a
-  // message out of order, a gap or overlap, or a size other than announced; the StepError's code
+  // message out of order, a gap or overlap, a size other than announced, or a header whose shape
+  // is negative, overflows or disagrees with its nbytes; the StepError's code
   // and message for a failed session step.
   absl::StatusOr<bool> Add(const v1::StepResponse& msg);
   // The reply, once Add returned true; the assembler is then reset.

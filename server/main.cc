@@ -27,6 +27,15 @@
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to serve gRPC on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port; 0 picks a free one (logged at start)");
 ABSL_FLAG(int32_t, metrics_port, 9090, "Prometheus /metrics HTTP port; 0 picks one, -1 disables");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
+          "address to serve /metrics on; 0.0.0.0 lets Prometheus scrape the pod, 127.0.0.1 keeps "
+          "it on this host");
+ABSL_FLAG(bool, reflection, true, "serve gRPC server reflection (grpcurl list/describe)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file of bearer tokens, one per line; when set, every call must carry "
+          "'authorization: Bearer <token>'; empty: no authentication");
+ABSL_FLAG(bool, auth_exempt_health, true,
+          "with --auth_token_file, health checks need no token (for Kubernetes probes)");
 ABSL_FLAG(std::string, checkpoint, "",
           "checkpoint directory (config.json + safetensors); empty serves the embedded tiny model");
 ABSL_FLAG(std::string, config, "",
@@ -93,7 +102,10 @@ ServerOptions OptionsFromFlags(const model::BackboneConfig& config, bool dense_a
   o.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_address =
-      metrics_port < 0 ? "" : absl::StrCat(absl::GetFlag(FLAGS_host), ":", metrics_port);
+      metrics_port < 0 ? "" : absl::StrCat(absl::GetFlag(FLAGS_metrics_host), ":", metrics_port);
+  o.reflection = absl::GetFlag(FLAGS_reflection);
+  o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.auth_exempt_health = absl::GetFlag(FLAGS_auth_exempt_health);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
@@ -158,7 +170,7 @@ absl::Status Run() {
   auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model));
   options.model = {
       loaded.name, runner->device(), runner->dtype(),
-      absl::StrCat("dim ", c.dim, " / encoder ", c.encoder.depth, " / decoder ", c.decoder.depth)};
+      absl::StrCat("dim ", c.dim, ", encoder ", c.encoder.depth, ", decoder ", c.decoder.depth)};
   options.config_json = loaded.config_json;
   PRAXIS_ASSIGN_OR_RETURN(auto server, PraxisServer::Create(options, std::move(runner)));
   PRAXIS_RETURN_IF_ERROR(server->Warmup(warmup));

@@ -22,6 +22,14 @@ const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
   return *b;
 }
 
+// The model's name as a label: the last component of a checkpoint directory or config path, never
+// the path, which would tell every scraper how the host's disks are laid out.
+std::string ModelLabel(std::string model) {
+  while (model.size() > 1 && model.back() == '/') model.pop_back();
+  const size_t slash = model.rfind('/');
+  return slash == std::string::npos ? model : model.substr(slash + 1);
+}
+
 MetricFamily Family(std::string name, std::string help, MetricType type, double value) {
   ClientMetric m;
   (type == MetricType::Counter ? m.counter.value : m.gauge.value) = value;
@@ -114,7 +122,7 @@ ServerMetrics::ServerMetrics(const ModelLabels& model, std::function<LiveValues(
       .Name("praxis_model_info")
       .Help("The model this server holds (always 1).")
       .Register(*registry_)
-      .Add({{"model", model.model},
+      .Add({{"model", ModelLabel(model.model)},
             {"device", model.device},
             {"dtype", model.dtype},
             {"layers", model.layers}})

@@ -31,10 +31,10 @@ struct LiveValues {
 
 // What praxis_model_info labels.
 struct ModelLabels {
-  std::string model;  // checkpoint directory or "embedded:tiny"
+  std::string model;  // checkpoint directory or "embedded:tiny"; labelled by its last component
   std::string device;
   std::string dtype;
-  std::string layers;  // "encoder 3 / decoder 2 / dim 64"
+  std::string layers;  // "dim 64, encoder 3, decoder 2"
 };
 
 // The server's Prometheus metrics (SPEC §7) in one registry, served at /metrics by Expose. All
@@ -44,8 +44,8 @@ class ServerMetrics {
   ServerMetrics(const ModelLabels& model, std::function<LiveValues()> live);
   ~ServerMetrics();
 
-  // Serves /metrics on `address` ("0.0.0.0:9090"; port 0 picks one). Unavailable naming the
-  // address when the HTTP server cannot start.
+  // Serves /metrics on `address` ("0.0.0.0:9090", or "127.0.0.1:9090" for this host only; port 0
+  // picks one). Unavailable naming the address when the HTTP server cannot start.
   absl::Status Expose(const std::string& address);
   // The port Expose bound, or 0 before.
   int port() const;

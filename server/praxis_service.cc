@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/grpc_status.h"
+#include "server/refused_reactor.h"
 #include "server/step_response.h"
 
 namespace praxis::serve {
@@ -282,6 +283,14 @@ ServiceCounts PraxisService::counts() const {
   return {accepted_.load(), answered_ok_.load(), watchdog_.cancelled(), pending_.used()};
 }
 
+absl::Status PraxisService::Authenticate(const grpc::CallbackServerContext& ctx,
+                                         absl::string_view method) {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  absl::Status s = options_.auth->Check(ctx);
+  if (!s.ok()) metrics_.CountRequest(method, s.code());
+  return s;
+}
+
 void PraxisService::AddSession(std::weak_ptr<SessionReactor> s) {
   absl::MutexLock lock(&sessions_mu_);
   std::erase_if(sessions_, [](const auto& w) { return w.expired(); });
@@ -324,11 +333,18 @@ void PraxisService::Submit(const v1::StepRequest& request, absl::Time deadline,
 
 grpc::ServerWriteReactor<v1::StepResponse>* PraxisService::Step(grpc::CallbackServerContext* ctx,
                                                                 const v1::StepRequest* request) {
+  if (absl::Status s = Authenticate(*ctx, "Step"); !s.ok()) {
+    return new RefusedReactor<grpc::ServerWriteReactor<v1::StepResponse>>(ToGrpcStatus(s));
+  }
   return new StepReactor(*this, ctx, request);
 }
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* PraxisService::Session(
     grpc::CallbackServerContext* ctx) {
+  if (absl::Status s = Authenticate(*ctx, "Session"); !s.ok()) {
+    using Bidi = grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>;
+    return new RefusedReactor<Bidi>(ToGrpcStatus(s));
+  }
   auto s = std::make_shared<SessionReactor>(static_cast<StepContext&>(*this), ctx);
   AddSession(s);
   SessionReactor* raw = s.get();
@@ -340,6 +356,11 @@ grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* PraxisService::Sessi
 grpc::ServerUnaryReactor* PraxisService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                       const v1::ModelInfoRequest* request,
                                                       v1::ModelInfo* info) {
+  if (absl::Status s = Authenticate(*ctx, "GetModelInfo"); !s.ok()) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(ToGrpcStatus(s));
+    return r;
+  }
   *info = info_;
   metrics_.CountRequest("GetModelInfo", absl::StatusCode::kOk);
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();

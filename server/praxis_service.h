@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "model/config.h"
 #include "praxis/v1/praxis.grpc.pb.h"
+#include "server/auth.h"
 #include "server/batching/batcher.h"
 #include "server/byte_budget.h"
 #include "server/metrics.h"
@@ -35,6 +36,7 @@ struct ServiceOptions {
   int64_t max_pending_response_bytes = int64_t{1} << 30;
   // A call whose reader takes no data for this long is cancelled and its answer freed.
   absl::Duration write_timeout = absl::Seconds(30);
+  std::shared_ptr<const TokenAuthenticator> auth;  // null: calls need no token
 };
 
 class SessionReactor;
@@ -122,6 +124,8 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
                      std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done& done,
                      Admission* admitted);
   void AddSession(std::weak_ptr<SessionReactor> s);
+  // OK without a token file; else the token check of `ctx`, its failures counted for `method`.
+  absl::Status Authenticate(const grpc::CallbackServerContext& ctx, absl::string_view method);
 
   const ServiceOptions options_;
   const model::BackboneConfig& config_;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 
@@ -39,6 +40,26 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   return grpc::SslServerCredentials(ssl);
 }
 
+// Server reflection on one ServerBuilder, or none. Linking grpc++_reflection registers its plugin
+// for every server of the process (a static initializer), so switching it off means removing that
+// plugin from this builder's list; switching it on keeps exactly one.
+class ReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  explicit ReflectionOption(bool enabled) : enabled_(enabled) {}
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) != nullptr;
+    });
+    if (enabled_) {
+      plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+    }
+  }
+
+ private:
+  const bool enabled_;
+};
+
 }  // namespace
 
 PraxisServer::PraxisServer(ServerOptions options, std::unique_ptr<model::StepRunner> runner)
@@ -53,6 +74,9 @@ absl::StatusOr<std::unique_ptr<PraxisServer>> PraxisServer::Create(
 
 absl::Status PraxisServer::Start() {
   PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, Credentials(options_));
+  if (!options_.auth_token_file.empty()) {
+    PRAXIS_ASSIGN_OR_RETURN(auth_, TokenAuthenticator::Create(options_.auth_token_file));
+  }
   metrics_ = std::make_unique<ServerMetrics>(options_.model, [this] {
     const batching::BatcherStats b = batcher_->stats();
     return LiveValues{b.queued_requests, b.queued_bytes, runner_->mask_cache_stats(),
@@ -67,11 +91,19 @@ absl::Status PraxisServer::Start() {
         RunStepBatch(*runner_, *metrics_, std::move(batch));
       },
       options_.workers);
-  service_ = std::make_unique<PraxisService>(options_.service, runner_->config(), *batcher_,
+  ServiceOptions service = options_.service;
+  service.auth = auth_;
+  service_ = std::make_unique<PraxisService>(std::move(service), runner_->config(), *batcher_,
                                              *metrics_, Info());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Our own health service, which can require the token: gRPC's default one must not also be
+  // registered (the switch is process-wide, and off unless something turned it on).
+  grpc::EnableDefaultHealthCheckService(false);
+  // Known by name too, so that probes may ask for the service or for the whole server ("").
+  health_ =
+      std::make_unique<HealthService>(std::vector<std::string>{"", v1::Praxis::service_full_name()},
+                                      options_.auth_exempt_health ? nullptr : auth_.get());
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<ReflectionOption>(options_.reflection));
   builder.AddListeningPort(options_.address, creds, &port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options_.max_message_bytes, std::numeric_limits<int>::max())));
@@ -80,13 +112,11 @@ absl::Status PraxisServer::Start() {
   quota.Resize(static_cast<size_t>(options_.request_memory_bytes));
   builder.SetResourceQuota(quota);
   builder.RegisterService(service_.get());
+  builder.RegisterService(health_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.address));
   }
-  // Known by name too, so that probes may ask for the service or for the whole server ("").
-  server_->GetHealthCheckService()->SetServingStatus(v1::Praxis::service_full_name(), false);
-  server_->GetHealthCheckService()->SetServingStatus(false);
   metrics_->SetServing(false);
   return absl::OkStatus();
 }
@@ -126,7 +156,7 @@ absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
   PRAXIS_RETURN_IF_ERROR(runner_->Run(in).status());
   if (drained_) return absl::OkStatus();
   service_->SetAccepting(true);
-  server_->GetHealthCheckService()->SetServingStatus(true);
+  health_->SetServing(true);
   metrics_->SetServing(true);
   return absl::OkStatus();
 }
@@ -138,7 +168,7 @@ bool PraxisServer::Drain(absl::Duration grace) {
   const absl::Duration cancel = std::min(grace / 10, absl::Seconds(1));
   const absl::Duration writes = std::min(grace / 4, absl::Seconds(5));
   metrics_->SetServing(false);
-  server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING, and it stays so
+  health_->Shutdown();  // NOT_SERVING, and it stays so; Watch streams end
   service_->StartDrain();
   const bool batches_done = batcher_->Drain(end - cancel - writes - absl::Now());
   service_->WaitForAnswers(end - cancel);

@@ -11,8 +11,10 @@
 #include "absl/time/time.h"
 #include "model/masks.h"
 #include "model/step_runner.h"
+#include "server/auth.h"
 #include "server/batching/batch_policy.h"
 #include "server/batching/batcher.h"
+#include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/praxis_service.h"
 
@@ -22,7 +24,10 @@ namespace praxis::serve {
 struct ServerOptions {
   std::string address = "0.0.0.0:50051";         // port 0 picks one; see PraxisServer::port
   std::string metrics_address = "0.0.0.0:9090";  // empty: no metrics endpoint
-  std::string tls_cert_file;  // PEM; with tls_key_file, serve TLS instead of plaintext
+  bool reflection = true;                        // serve grpc.reflection.v1alpha
+  std::string auth_token_file;     // bearer tokens, one per line; empty: no authentication
+  bool auth_exempt_health = true;  // health answers without a token (for probes)
+  std::string tls_cert_file;       // PEM; with tls_key_file, serve TLS instead of plaintext
   std::string tls_key_file;
   std::string tls_client_ca_file;  // PEM; when set, clients must present a certificate it signed
   int64_t max_message_bytes = int64_t{64} << 20;    // largest request gRPC accepts
@@ -36,14 +41,16 @@ struct ServerOptions {
 };
 
 // praxis-server: praxis.v1.Praxis, grpc.health.v1.Health and server reflection on one gRPC port,
-// the batcher, and /metrics, around one StepRunner it owns.
+// the batcher, and /metrics, around one StepRunner it owns. With a token file, every call (health
+// too, unless exempt) must carry one of its tokens as `authorization: Bearer <token>`.
 //
 // Lifecycle: Create (listening; health NOT_SERVING; steps refused UNAVAILABLE) → Warmup (SERVING)
 // → Drain (NOT_SERVING; new steps refused UNAVAILABLE; queued and in-flight steps finished within
 // the grace) → destruction. Thread-safe.
 class PraxisServer {
  public:
-  // Unavailable naming the address when a port cannot be bound; InvalidArgument for bad TLS files.
+  // Unavailable naming the address when a port cannot be bound; InvalidArgument for bad TLS files
+  // or a token file without tokens, NotFound for an unreadable one.
   static absl::StatusOr<std::unique_ptr<PraxisServer>> Create(
       ServerOptions options, std::unique_ptr<model::StepRunner> runner);
   // Drains with no grace if Drain was not called.
@@ -77,6 +84,8 @@ class PraxisServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<batching::Batcher> batcher_;
   std::unique_ptr<PraxisService> service_;
+  std::shared_ptr<const TokenAuthenticator> auth_;  // null: no authentication
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<bool> drained_{false};

@@ -20,7 +20,7 @@ SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__)
 DEPLOY = os.path.join(SRC, "deploy")
 KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 # Every kustomization the repository holds, each rendered by the tests.
-KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "affinity", "monitoring"]
+KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "overlays/tls", "affinity", "monitoring"]
 OVERLAYS = ["overlays/cpu", "overlays/gpu"]
 SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")
 # CRDs have no schema in kubernetes-validate: a strict local subset of each.
@@ -143,12 +143,15 @@ def selects(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def check_server_workload(objects, help_flags, health_serving, metric_names, metrics_path):
+def check_server_workload(objects, help_flags, health_serving, metric_names, metrics_path,
+                          exec_serving=None):
     """Problems (strings) of the rendered objects against what the server serves.
 
     help_flags: {name: default} from `praxis-server --help`; health_serving(service) → True iff the
     real server answers SERVING for that health service; metric_names: the families on its
-    /metrics; metrics_path: the path it serves them on.
+    /metrics; metrics_path: the path it serves them on; exec_serving(command) → True iff an exec
+    probe's command (praxis-cli health, for TLS) succeeds against the real server run as the
+    objects configure it (None: exec probes are not accepted).
     """
     problems = []
     deployment = one(objects, "Deployment", "praxis-serve")
@@ -174,6 +177,10 @@ def check_server_workload(objects, help_flags, health_serving, metric_names, met
 
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container.get(kind)
+        if probe and "exec" in probe and exec_serving is not None:
+            problems += check_exec_probe(kind, probe["exec"].get("command", []), grpc_port,
+                                         exec_serving)
+            continue
         if not probe or "grpc" not in probe:
             problems.append(f"{kind}: expected a gRPC health probe")
             continue
@@ -237,6 +244,26 @@ def check_server_workload(objects, help_flags, health_serving, metric_names, met
         if not selects(pdb["spec"]["selector"].get("matchLabels"), pod_labels):
             problems.append("PodDisruptionBudget: selector does not match the pods")
     return problems
+
+
+def check_exec_probe(kind, command, grpc_port, exec_serving):
+    """Problems of an exec probe: it must be `praxis-cli health` at 127.0.0.1:<the gRPC port>
+    and succeed against the real server."""
+    if command[:2] != ["praxis-cli", "health"]:
+        return [f"{kind}: expected exec [praxis-cli, health, ...], got {command}"]
+    if f"--address=127.0.0.1:{grpc_port}" not in command:
+        return [f"{kind}: expected --address=127.0.0.1:{grpc_port}"]
+    if not exec_serving(command):
+        return [f"{kind}: {' '.join(command)} does not answer SERVING"]
+    return []
+
+
+def secret_mounts(deployment):
+    """{mountPath: Secret name} of the server container's Secret volumes."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
+    return {m["mountPath"].rstrip("/"): volumes[m["name"]]["secret"]["secretName"]
+            for m in server_container(deployment).get("volumeMounts", [])
+            if "secret" in volumes.get(m["name"], {})}
 
 
 def metric_families(text):

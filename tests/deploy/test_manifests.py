@@ -2,12 +2,17 @@
 import copy
 import functools
 import json
+import os
+import shutil
+import subprocess
 
 import pytest
 import yaml
 
 import deploy_checks as dc
-from deploy_checks import health
+from certs import make_certs
+from deploy_checks import health, scrape
+from server_process import Server
 
 METRICS_PATH = "/metrics"
 
@@ -165,3 +170,80 @@ def test_gpu_overlay_requests_a_gpu_and_mounts_the_checkpoint(help_flags):
     claim = dc.one(objects, "PersistentVolumeClaim")["metadata"]["name"]
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert any(v.get("persistentVolumeClaim", {}).get("claimName") == claim for v in volumes)
+
+
+@pytest.fixture(scope="module")
+def tls_workload(tmp_path_factory):
+    """The tls overlay with the token-auth component, rendered, and praxis-server run as its
+    Deployment runs it: its flagfiles and args, with each mounted Secret's path replaced by a
+    folder of files made at test time (an openssl CA and server certificate, a tokens file)."""
+    root = tmp_path_factory.mktemp("tls")
+    # kustomize loads only below the kustomization's root: a copy of deploy/ holds both.
+    shutil.copytree(dc.DEPLOY, root / "deploy")
+    (root / "deploy" / "tls-token").mkdir()
+    (root / "deploy" / "tls-token" / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../overlays/tls"], "components": ["../components/token-auth"]}))
+    objects = dc.render(str(root / "deploy" / "tls-token"))
+    deployment = dc.one(objects, "Deployment", "praxis-serve")
+    certs = make_certs(str(tmp_path_factory.mktemp("certs")))
+    secrets = {"praxis-serve-tls": {"tls.crt": certs["server.crt"], "tls.key": certs["server.key"],
+                                    "ca.crt": certs["ca.crt"]},
+               "praxis-serve-tokens": {"tokens": str(root / "tokens")}}
+    (root / "tokens").write_text("robot-token\n")
+    mounts = dc.secret_mounts(deployment)
+    assert set(mounts.values()) == set(secrets), mounts
+
+    def local(text):
+        for path, secret in mounts.items():
+            for key, file in secrets[secret].items():
+                text = text.replace(f"{path}/{key}", file)
+        return text
+
+    flagfiles = []
+    for path, text in dc.flagfiles(objects, deployment):
+        flagfiles.append(str(root / os.path.basename(path)))
+        with open(flagfiles[-1], "w") as f:
+            f.write(local(text))
+    args = [local(a) for a in dc.server_container(deployment)["args"]
+            if not a.startswith("--flagfile=")]
+    s = Server(f"--flagfile={','.join(flagfiles)}", *args, "--host=127.0.0.1", "--port=0",
+               "--metrics_port=0")
+
+    def exec_serving(command):
+        argv = [dc.CLI] + [f"--address={s.address}" if a.startswith("--address=") else local(a)
+                           for a in command[1:]]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return r.returncode == 0 and r.stdout.strip() == "SERVING"
+
+    yield dict(objects=objects, server=s, exec_serving=exec_serving, ca=certs["ca.crt"],
+               metric_names=dc.metric_families(scrape(s.metrics_port)))
+    s.stop()
+
+
+def test_tls_overlay_probes_answer_serving(tls_workload, help_flags):
+    """The exec probes (praxis-cli health over TLS with the Secret's CA) pass against the server
+    run with the overlay's flags, while the base's plaintext gRPC probe would not."""
+    w = tls_workload
+    problems = dc.check_server_workload(
+        w["objects"], help_flags, health_serving=lambda service: False,
+        metric_names=w["metric_names"], metrics_path=METRICS_PATH, exec_serving=w["exec_serving"])
+    assert problems == []
+    assert not health(w["server"].address, "praxis.v1.Praxis")  # plaintext: refused
+    # The token component is in force: a call other than health needs the token.
+    info = subprocess.run([dc.CLI, "info", f"--address={w['server'].address}",
+                           f"--tls_ca={w['ca']}", "--tls_server_name=praxis-serve"],
+                          capture_output=True, text=True, timeout=60)
+    assert info.returncode == 1 and "UNAUTHENTICATED" in info.stderr, info
+
+
+def test_tls_overlay_probe_without_the_ca_fails(tls_workload, help_flags):
+    """The check can fail: a readiness probe that does not trust the Secret's CA is caught."""
+    w = tls_workload
+    objects = copy.deepcopy(w["objects"])
+    probe = dc.server_container(dc.one(objects, "Deployment"))["readinessProbe"]["exec"]
+    probe["command"] = [a for a in probe["command"] if not a.startswith("--tls_ca=")] + ["--tls"]
+    problems = dc.check_server_workload(
+        objects, help_flags, health_serving=lambda service: False,
+        metric_names=w["metric_names"], metrics_path=METRICS_PATH, exec_serving=w["exec_serving"])
+    assert [p for p in problems if p.startswith("readinessProbe")], problems

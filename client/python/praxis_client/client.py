@@ -1,5 +1,6 @@
 """A client for praxis-serve: one denoising step per call, or a Session stream per robot."""
 import dataclasses
+import math
 import queue
 import random
 import time
@@ -83,13 +84,35 @@ class StepResult:
         return self.trailer.total_us
 
 
-def _decode(t: "pb.TensorHeader", data: bytearray) -> np.ndarray:
-    """The tensor `t` announced, from its wire bytes; bfloat16 widened to float32."""
+_MAX_DIMS = 8  # the wire codec's limit; a header beyond it can only be hostile
+_MAX_INT64 = (1 << 63) - 1
+
+
+def _check_header(t: "pb.TensorHeader"):
+    """ProtocolError unless `t` announces a known dtype and at most _MAX_DIMS non-negative
+    dimensions whose exact byte size (Python integers: nothing wraps) equals its nbytes."""
     dtype = _NUMPY_DTYPES.get(t.dtype)
     if dtype is None:
         raise ProtocolError(f"{t.name}: unknown dtype {t.dtype}")
+    shape = list(t.shape)
+    if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
+        raise ProtocolError(f"{t.name}: shape {shape} has a negative size or over {_MAX_DIMS} "
+                            "dimensions")
+    # As common/checked_math.h: a zero dimension does not excuse an overflow in the others.
+    if math.prod(d for d in shape if d) * dtype.itemsize > _MAX_INT64:
+        raise ProtocolError(f"{t.name}: shape {shape} is too large to hold")
+    size = math.prod(shape) * dtype.itemsize
+    if size != t.nbytes:
+        raise ProtocolError(f"{t.name}: header announces {t.nbytes} bytes for shape {shape}, "
+                            f"which holds {size}")
+
+
+def _decode(t: "pb.TensorHeader", data: bytearray) -> np.ndarray:
+    """The tensor `t` announced, from its wire bytes; bfloat16 widened to float32."""
+    _check_header(t)
+    dtype = _NUMPY_DTYPES[t.dtype]
     shape = tuple(t.shape)
-    if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(data):
+    if math.prod(shape) * dtype.itemsize != len(data):
         raise ProtocolError(f"{t.name}: {len(data)} bytes for shape {list(shape)} of "
                             f"{pb.DType.Name(t.dtype)}")
     a = np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -103,7 +126,8 @@ class StepAssembler:
 
     The order must be: a header; then for each tensor it announces, in order, chunks of that name
     whose offsets are contiguous from 0 and whose sizes add up to exactly its nbytes (a zero-byte
-    tensor has no chunks); then a trailer. Anything else raises ProtocolError; a StepError message
+    tensor has no chunks); then a trailer. Each announced tensor must be one this client can hold
+    (known dtype, non-negative shape whose exact byte size is its nbytes), checked on the header. Anything else raises ProtocolError; a StepError message
     raises StepFailed.
     """
 
@@ -126,6 +150,8 @@ class StepAssembler:
         if kind == "header":
             if self._header is not None:
                 raise ProtocolError("a second header")
+            for t in msg.header.tensors:
+                _check_header(t)
             self._header = msg.header
             return False
         if self._header is None:
@@ -252,9 +278,28 @@ def layout_key(request: "pb.StepRequest") -> str:
             f"_{'dec' if request.decode else 'enc'}_rs{','.join(map(str, shifts))}")
 
 
-def _layout_metadata(request: "pb.StepRequest"):
+def _layout_metadata(request: "pb.StepRequest") -> tuple:
     key = layout_key(request)
-    return ((LAYOUT_HEADER, key),) if key else None
+    return ((LAYOUT_HEADER, key),) if key else ()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _auth_metadata(token: Optional[str], token_file: Optional[str]) -> tuple:
+    """The authorization metadata for `token`, or the first non-blank line of `token_file`."""
+    if token is None and token_file is not None:
+        lines = [ln.strip() for ln in _read(token_file).decode("utf-8").splitlines()]
+        token = next((ln for ln in lines if ln and not ln.startswith("#")), None)
+        if token is None:
+            raise ValueError(f"token_file: no token in {token_file}")
+    if not token:
+        return ()
+    if not token.isprintable() or not token.isascii():
+        raise ValueError("token: expected printable ASCII characters only")
+    return (("authorization", f"Bearer {token}"),)
 
 
 def _varint(n: int) -> bytes:
@@ -308,21 +353,33 @@ class Client:
     """A connection to praxis-server (address "HOST:PORT").
 
     `timeout` bounds each call attempt, in seconds. `tls_ca` is a PEM file of root certificates:
-    given, the channel uses TLS; None, plaintext. A call answered UNAVAILABLE (the server is
+    given, the channel uses TLS; None, plaintext. `tls_cert` and `tls_key` (PEM files, both or
+    neither, with `tls_ca`) are the client certificate for servers started with --tls_client_ca.
+    `token` (or `token_file`, whose first non-blank line is the token) is sent as
+    `authorization: Bearer <token>` on every call, for servers started with --auth_token_file. A call answered UNAVAILABLE (the server is
     warming up, draining or unreachable: the step was not computed) is retried with exponential
     backoff and jitter, `max_attempts` times in all. Thread-safe; close() it, or use it as a
     context manager.
     """
 
     def __init__(self, address: str, timeout: float = 60.0, tls_ca: Optional[str] = None,
-                 max_attempts: int = 3):
+                 max_attempts: int = 3, *, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None):
         options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
                    ("grpc.max_send_message_length", -1)]
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key: expected both or neither")
+        if tls_cert is not None and tls_ca is None:
+            raise ValueError("tls_cert: a client certificate needs TLS; give tls_ca too")
+        self._auth = _auth_metadata(token, token_file)
         if tls_ca is None:
             self._channel = grpc.insecure_channel(address, options=options)
         else:
-            with open(tls_ca, "rb") as f:
-                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca),
+                private_key=_read(tls_key) if tls_key else None,
+                certificate_chain=_read(tls_cert) if tls_cert else None)
             self._channel = grpc.secure_channel(address, creds, options=options)
         self._stub = pb_grpc.PraxisStub(self._channel)
         self._health = self._channel.unary_unary(
@@ -358,13 +415,14 @@ class Client:
 
     def info(self, timeout: Optional[float] = None) -> "pb.ModelInfo":
         """The server's ModelInfo: model, dtype, device, limits, output names, config JSON."""
-        return self._retrying(lambda t: self._stub.GetModelInfo(pb.ModelInfoRequest(), timeout=t),
-                              timeout)
+        return self._retrying(lambda t: self._stub.GetModelInfo(
+            pb.ModelInfoRequest(), timeout=t, metadata=self._auth or None), timeout)
 
     def health(self, service: str = "", timeout: Optional[float] = None) -> str:
         """The grpc.health.v1 status of `service` ("" for the whole server): "SERVING",
         "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN"."""
-        status = self._retrying(lambda t: self._health(service, timeout=t), timeout)
+        status = self._retrying(lambda t: self._health(service, timeout=t, metadata=self._auth or None),
+                                timeout)
         return _HEALTH[status] if status < len(_HEALTH) else "UNKNOWN"
 
     def session(self, timeout: Optional[float] = None, layout: str = "") -> "Session":
@@ -373,7 +431,8 @@ class Client:
         `timeout` bounds the whole session, in seconds; None, no deadline. `layout`, the
         layout_key() of the robot's steps, is sent as the x-praxis-layout header for routing.
         """
-        return Session(self._stub, timeout, ((LAYOUT_HEADER, layout),) if layout else None)
+        return Session(self._stub, timeout,
+                       self._auth + (((LAYOUT_HEADER, layout),) if layout else ()) or None)
 
     def close(self):
         """Closes the channel; calls in flight are cancelled."""
@@ -386,7 +445,8 @@ class Client:
         self.close()
 
     def _step_once(self, request: "pb.StepRequest", timeout: float) -> StepResult:
-        call = self._stub.Step(request, timeout=timeout, metadata=_layout_metadata(request))
+        call = self._stub.Step(request, timeout=timeout,
+                               metadata=self._auth + _layout_metadata(request) or None)
         try:
             return assemble(call)
         except ProtocolError:
