@@ -42,7 +42,7 @@ run() {
   shift $(($# < 2 ? $# : 2))
   local bin="$BUILD/tests/fuzz/${target}_fuzzer"
   [ -x "$bin" ] || { echo "fuzz: $bin not built (scripts/fuzz.sh build)" >&2; exit 1; }
-  local corpus="$BUILD/corpus/$target" artifacts="$BUILD/artifacts/$target"
+  local corpus="$BUILD/corpus/$target" artifacts="$PWD/$BUILD/artifacts/$target"
   mkdir -p "$corpus" "$artifacts"
   local dict=() log="$BUILD/fuzz-$target.log"
   [ -f "tests/fuzz/$target.dict" ] && dict=(-dict="tests/fuzz/$target.dict")

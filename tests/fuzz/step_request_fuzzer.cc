@@ -106,6 +106,22 @@ v1::StepRequest BuildValid(FuzzedDataProvider& p, const model::BackboneConfig& c
   return r;
 }
 
+// A size from the ones that break arithmetic (overflow at 2^31, 2^32, 2^62, 2^63; zero; negative)
+// or any int64: the interesting ones are too rare among 2^64 for the fuzzer to hit by chance.
+int64_t PickSize(FuzzedDataProvider& p) {
+  constexpr int64_t kInteresting[] = {0,
+                                      -1,
+                                      1,
+                                      (int64_t{1} << 31),
+                                      int64_t{1} << 32,
+                                      int64_t{1} << 40,
+                                      int64_t{1} << 61,
+                                      int64_t{1} << 62,
+                                      INT64_MAX,
+                                      INT64_MIN};
+  return p.ConsumeBool() ? p.PickValueInArray(kInteresting) : p.ConsumeIntegral<int64_t>();
+}
+
 v1::Tensor* PickTensor(FuzzedDataProvider& p, v1::StepRequest& r) {
   switch (p.ConsumeIntegralInRange<int>(0, 4)) {
     case 0:
@@ -127,13 +143,12 @@ void Edit(FuzzedDataProvider& p, v1::StepRequest& r) {
     case 0: {  // a dimension to any value (huge, negative, zero)
       v1::Tensor* t = PickTensor(p, r);
       if (t->shape_size() > 0) {
-        t->set_shape(p.ConsumeIntegralInRange<int>(0, t->shape_size() - 1),
-                     p.ConsumeIntegral<int64_t>());
+        t->set_shape(p.ConsumeIntegralInRange<int>(0, t->shape_size() - 1), PickSize(p));
       }
       break;
     }
     case 1:  // a dimension added
-      PickTensor(p, r)->add_shape(p.ConsumeIntegral<int64_t>());
+      PickTensor(p, r)->add_shape(PickSize(p));
       break;
     case 2:  // any dtype, known or not
       PickTensor(p, r)->set_dtype(static_cast<v1::DType>(p.ConsumeIntegral<int32_t>()));
@@ -145,18 +160,21 @@ void Edit(FuzzedDataProvider& p, v1::StepRequest& r) {
       PickTensor(p, r)->Clear();
       break;
     case 5:
-      r.set_frames_per_chunk(p.ConsumeIntegral<int64_t>());
+      r.set_frames_per_chunk(PickSize(p));
       break;
     case 6: {  // rope shifts: 0..5 values of any size
       r.clear_rope_shifts();
       const int n = p.ConsumeIntegralInRange<int>(0, 5);
-      for (int i = 0; i < n; ++i) r.add_rope_shifts(p.ConsumeIntegral<int64_t>());
+      for (int i = 0; i < n; ++i) r.add_rope_shifts(PickSize(p));
       break;
     }
-    case 7: {  // tap indices, repeats included
+    case 7: {  // tap indices, mostly near the valid ones so that repeats are common
       r.mutable_outputs()->set_all_taps(p.ConsumeBool());
       const int n = p.ConsumeIntegralInRange<int>(0, 8);
-      for (int i = 0; i < n; ++i) r.mutable_outputs()->add_taps(p.ConsumeIntegral<int32_t>());
+      for (int i = 0; i < n; ++i) {
+        r.mutable_outputs()->add_taps(p.ConsumeBool() ? p.ConsumeIntegralInRange<int32_t>(-1, 3)
+                                                      : p.ConsumeIntegral<int32_t>());
+      }
       break;
     }
     case 8:
