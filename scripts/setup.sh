@@ -22,6 +22,8 @@ DEB_PACKAGES=(
 # The deploy tests: podman (with runc, netavark for published ports) and debootstrap for the
 # offline base image; kubectl comes from the machine image or, below, from PyPI.
 ((BUILD_ONLY)) || DEB_PACKAGES+=(podman runc netavark aardvark-dns iptables debootstrap)
+# The fuzz targets (scripts/fuzz.sh): clang with libFuzzer and the ASan/UBSan runtimes.
+((BUILD_ONLY)) || DEB_PACKAGES+=(clang-14 libclang-rt-14-dev)
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do

@@ -128,16 +128,26 @@ bool WaitForFirstBatch(const Batcher& b) {
   return true;
 }
 
-// The test's tasks, alive for the whole test binary.
-std::vector<std::unique_ptr<FakeTask>>& Arena() {
-  static auto* arena = new std::vector<std::unique_ptr<FakeTask>>();
-  return *arena;
-}
+// The test's tasks, alive for the whole test binary. Submitters run on several threads at once
+// (ManyConcurrentSubmitters), so the arena has its own lock: ThreadSanitizer caught the unguarded
+// push_back racing with itself.
+class Arena {
+ public:
+  static FakeTask* Keep(std::unique_ptr<FakeTask> t) {
+    static auto* arena = new Arena();
+    absl::MutexLock lock(&arena->mu_);
+    arena->tasks_.push_back(std::move(t));
+    return arena->tasks_.back().get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<FakeTask>> tasks_ ABSL_GUARDED_BY(mu_);
+};
 
 // Submits `t` through a proxy; the test keeps the FakeTask to read its answer.
 FakeTask* Submit(Batcher& b, std::unique_ptr<FakeTask> t, absl::Status* status = nullptr) {
-  FakeTask* raw = t.get();
-  Arena().push_back(std::move(t));
+  FakeTask* raw = Arena::Keep(std::move(t));
   std::unique_ptr<Task> task = std::make_unique<ProxyTask>(raw);
   absl::Status s = b.Submit(task);
   if (status) *status = s;
