@@ -2,9 +2,9 @@
 // safetensors file (8-byte header length, JSON header, data), as a checkpoint from an untrusted hub
 // could be.
 //
-// Today the only entry point is SafetensorsFile::Open(path), so each input is written to one
-// memfd (no disk, no temporary files to clean up) and opened through /proc/self/fd. When a pure
-// bytes-level parser lands (branch h-model), Parse() below becomes that one call.
+// The input goes through SafetensorsFile::Open(path), the loader's own entry point (header parser,
+// regular-file check, copy into memory), via one memfd (no disk, no temporary files to clean up)
+// opened through /proc/self/fd; ParseSafetensorsHeader(bytes) is the header parser alone.
 //
 // Beyond not crashing, what Open accepts must hold what SPEC section 12 asks of a checkpoint: every
 // tensor's byte range inside the data region and exactly numel * element size long, and no two

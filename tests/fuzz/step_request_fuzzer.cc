@@ -229,8 +229,12 @@ void FuzzOne(const uint8_t* data, size_t size) {
   absl::StatusOr<DecodedStep> step = DecodeStepRequest(request, config);
   if (step.ok()) {
     CheckAccepted(*step, config);
-  } else if (step.status().code() != absl::StatusCode::kInvalidArgument) {
-    Fail("refused with a code other than INVALID_ARGUMENT: " + step.status().ToString());
+  } else if (step.status().code() != absl::StatusCode::kInvalidArgument &&
+             step.status().code() != absl::StatusCode::kResourceExhausted) {
+    // INVALID_ARGUMENT for a malformed request; RESOURCE_EXHAUSTED for a valid one over its
+    // compute cost or answer size.
+    Fail("refused with a code other than INVALID_ARGUMENT or RESOURCE_EXHAUSTED: " +
+         step.status().ToString());
   }
 }
 
