@@ -46,9 +46,9 @@ absl::StatusOr<std::unique_ptr<praxis::model::SafetensorsFile>> Parse(const uint
   return praxis::model::SafetensorsFile::Open(path);
 }
 
-void CheckAccepted(const praxis::model::SafetensorsFile& file, size_t size) {
-  uint64_t header_bytes = 0;
-  std::copy_n(file.mapping().first, 8, reinterpret_cast<uint8_t*>(&header_bytes));
+void CheckAccepted(const praxis::model::SafetensorsFile& file, const uint8_t* data, size_t size) {
+  uint64_t header_bytes = 0;  // little-endian, as the format and this host are
+  std::copy_n(data, 8, reinterpret_cast<uint8_t*>(&header_bytes));
   const uint64_t data_bytes = size - 8 - header_bytes;  // Open checked header_bytes <= size - 8
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const std::string& name : file.names()) {
@@ -80,6 +80,6 @@ void CheckAccepted(const praxis::model::SafetensorsFile& file, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::unique_ptr<praxis::model::SafetensorsFile>> file = Parse(data, size);
-  if (file.ok()) CheckAccepted(**file, size);
+  if (file.ok()) CheckAccepted(**file, data, size);
   return 0;
 }
