@@ -59,10 +59,10 @@ ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload (>= 8)
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "largest request message; 0: the largest legal request of the loaded model under the "
           "limits below (printed at start)");
-ABSL_FLAG(double, max_request_cost, 10,
+ABSL_FLAG(double, max_request_cost, 100,
           "useful GFLOP of one request (matmuls + attention over allowed pairs, all its rows); "
-          "more is refused RESOURCE_EXHAUSTED. 10 runs in about a second on the embedded model "
-          "with 2 CPU cores: raise it for larger models and GPUs");
+          "more is refused RESOURCE_EXHAUSTED. 100 is about a second on the embedded model with "
+          "2 CPU cores: raise it for GPUs");
 ABSL_FLAG(double, max_batch_cost, 0,
           "useful GFLOP of one batch: a batch closes before it would exceed it; 0: "
           "--max_request_cost");

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -25,6 +27,11 @@ class GatedRunner : public model::StepRunner {
   void Open() {
     absl::MutexLock l(&mu_);
     open_ = true;
+  }
+  // The next batch throws from Run, as a LibTorch failure would.
+  void ThrowNext() {
+    absl::MutexLock l(&mu_);
+    throw_next_ = true;
   }
   // Waits (bounded) until `n` batches in all have entered Run.
   bool WaitEntered(int64_t n, absl::Duration timeout = absl::Seconds(60)) {
@@ -48,6 +55,7 @@ class GatedRunner : public model::StepRunner {
       // Bounded, so that a broken test cannot hang the suite.
       mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Seconds(120));
       rows_ += batch.noised.size(0);
+      if (std::exchange(throw_next_, false)) throw std::runtime_error("injected failure");
     }
     return inner_->Run(batch);
   }
@@ -63,6 +71,7 @@ class GatedRunner : public model::StepRunner {
   std::unique_ptr<model::StepRunner> inner_;
   mutable absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
+  bool throw_next_ ABSL_GUARDED_BY(mu_) = false;
   int64_t entered_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rows_ ABSL_GUARDED_BY(mu_) = 0;
 };

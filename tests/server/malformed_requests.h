@@ -9,8 +9,10 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "praxis/v1/praxis.pb.h"
 #include "server/tensor_codec.h"
 
@@ -169,6 +171,41 @@ inline std::vector<Malformed> MalformedCases() {
        },
        "text.shape"},
   };
+  // Hostile input (issue 12): repeated taps, shapes whose byte count wraps or hides behind a zero,
+  // huge finite values.
+  cases.push_back({"repeated tap",
+                   [](auto& r) {
+                     r.mutable_outputs()->set_all_taps(false);
+                     for (int i = 0; i < 1500; ++i) r.mutable_outputs()->add_taps(0);
+                   },
+                   "outputs.taps"});
+  const int64_t big = int64_t{1} << 62, half = int64_t{1} << 31, huge = int64_t{1} << 40;
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"[2^62]", {big}},
+           {"[2^31, 2^31]", {half, half}},
+           {"[2^62, 1, 1]", {big, 1, 1}},
+           {"[0, 2^40, 2^40]", {0, huge, huge}}}) {
+    for (const char* field : {"noised", "text"}) {
+      cases.push_back({absl::StrCat(field, " ", name),
+                       [field = std::string(field), shape = shape](auto& r) {
+                         v1::Tensor* t = field == "noised" ? r.mutable_noised() : r.mutable_text();
+                         t->clear_shape();
+                         t->clear_data();
+                         for (int64_t d : shape) t->add_shape(d);
+                       },
+                       absl::StrCat(field, ".shape")});
+    }
+  }
+  cases.push_back({"noised 3e38",
+                   [](auto& r) {
+                     *r.mutable_noised() = Wire(torch::full({1, 16, 2, 3, 4}, 3e38f));
+                   },
+                   "noised"});
+  cases.push_back({"text -2e4",
+                   [](auto& r) {
+                     *r.mutable_text() = Wire(torch::full({1, 5, 48}, -2e4f));
+                   },
+                   "text"});
   // Over the default StepLimits (the model itself would take these).
   cases.push_back({"text over the server limit",
                    [](auto& r) {

@@ -415,6 +415,22 @@ TEST_F(ServerTest, SessionAnswersStepsInOrderAndSurvivesABadStep) {
   EXPECT_TRUE(session->Close().ok());
 }
 
+// A model failure that throws (LibTorch does) is that step's INTERNAL, answered as a StepError;
+// the session, and the server, go on.
+TEST_F(ServerTest, ASessionStepThatThrowsIsAnsweredAndTheSessionGoesOn) {
+  std::unique_ptr<client::Session> session = client_->OpenSession(kTimeout);
+  gate_->ThrowNext();
+  const absl::StatusOr<StepReply> failed = session->Step(Request(kLayouts[0], 600));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(failed.status().message().find("injected failure"), std::string::npos)
+      << failed.status();
+  const v1::StepRequest r = Request(kLayouts[1], 601);
+  const absl::StatusOr<StepReply> next = session->Step(r);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->header.request_id(), r.request_id());
+  EXPECT_TRUE(session->Close().ok());
+}
+
 TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   ASSERT_TRUE(Step(Request(kLayouts[0], 11)).ok());
   ASSERT_TRUE(Step(Request(kLayouts[0], 12)).ok());
@@ -474,13 +490,50 @@ TEST(ServerLifecycleTest, NotServingUntilWarmAndDrainFinishesAcceptedWork) {
     return h.ok() && *h == HealthCheckResponse::NOT_SERVING;
   }));
   EXPECT_EQ(client->Step(r, kTimeout).status().code(), absl::StatusCode::kUnavailable);
+  const absl::StatusOr<StepReply> during = client->OpenSession(kTimeout)->Step(r);
   gate->Open();
   a.join();
   b.join();
   drain.join();
   EXPECT_TRUE(running.ok()) << running.status();
   EXPECT_TRUE(queued.ok()) << queued.status();
-  EXPECT_FALSE(idle->Step(r).ok());  // the idle session was ended by the drain
+  // The idle session was ended by the drain with UNAVAILABLE (reconnect elsewhere), as was the one
+  // opened during it.
+  EXPECT_EQ(idle->Step(r).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(during.status().code(), absl::StatusCode::kUnavailable) << during.status();
+}
+
+// Answers nobody has taken yet are bounded: a step whose answer does not fit the pending budget is
+// refused before it is queued, and the budget comes back once the answer is written.
+TEST(ServerBudgetTest, PendingAnswersAreBoundedAndReleased) {
+  auto owned =
+      std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
+  GatedRunner* gate = owned.get();
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.metrics_address = "";
+  o.batch.max_queue_delay = absl::Milliseconds(1);
+  const v1::StepRequest r = fixtures::Valid();  // a 30720-byte answer
+  o.service.max_pending_response_bytes = 40000;
+  auto server = PraxisServer::Create(o, std::move(owned)).value();
+  ASSERT_TRUE(server->Warmup(kLayouts[0]).ok());
+  client::ClientOptions co;
+  co.max_attempts = 1;
+  auto client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
+  gate->Close();
+  absl::StatusOr<StepReply> held = absl::UnknownError("");
+  std::thread a([&] { held = client->Step(r, kTimeout); });
+  ASSERT_TRUE(Eventually([&] { return server->service_counts().pending_response_bytes > 0; }));
+  EXPECT_EQ(server->service_counts().pending_response_bytes, 30720);
+  const absl::Status refused = client->Step(r, kTimeout).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("--max_pending_response_bytes"), std::string::npos) << refused;
+  gate->Open();
+  a.join();
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(Eventually([&] { return server->service_counts().pending_response_bytes == 0; }));
+  EXPECT_TRUE(client->Step(r, kTimeout).ok());
+  server->Drain(absl::Seconds(10));
 }
 
 }  // namespace

@@ -1,0 +1,90 @@
+#include "server/step_response.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "model/model_loader.h"
+#include "model/step_batch.h"
+#include "server/step_request.h"
+#include "tests/server/malformed_requests.h"
+
+namespace praxis::serve {
+namespace {
+
+// One real forward of the valid tiny request (B = 1), as the batch runner hands it over.
+struct Answered {
+  Answered(v1::StepRequest request, int64_t batch_rows = 1) {
+    model = std::move(model::LoadModel({}, {}).value().model);
+    step = *DecodeStepRequest(request, model->config());
+    std::vector<model::StepInputs> rows(batch_rows, step.inputs);
+    std::vector<const model::StepInputs*> ptrs;
+    for (const auto& r : rows) ptrs.push_back(&r);
+    const model::BackboneOutput out = *model->Forward(model::StackSteps(ptrs));
+    result = StepResult{model::SliceRows(out, 0, 1), model::LayoutKey(step.inputs),
+                        absl::Milliseconds(1), absl::Milliseconds(2), batch_rows};
+  }
+  std::unique_ptr<model::VideoBackbone> model;
+  DecodedStep step;
+  StepResult result;
+};
+
+// Messages in order; chunks per tensor contiguous, each at most the limit and whole elements.
+TEST(StepResponderTest, ChunksAreBoundedContiguousAndSumToThePlannedBytes) {
+  for (const v1::DType wire : {v1::FLOAT32, v1::BFLOAT16}) {
+    v1::StepRequest request = fixtures::Valid();
+    request.set_wire_dtype(wire);
+    request.mutable_outputs()->set_positions(true);
+    Answered a(request);
+    constexpr int64_t kChunk = 1000;
+    auto responder = StepResponder::Create(a.result, a.step.outputs, "id", absl::Now(), kChunk);
+    ASSERT_TRUE(responder.ok()) << responder.status();
+    const int64_t positions = 57 * 8;
+    EXPECT_EQ(responder->tensor_bytes(), a.step.outputs.response_bytes) << "planned = sent";
+    std::vector<std::string> kinds;
+    std::map<std::string, int64_t> received;
+    v1::StepResponse msg;
+    while (*responder->Next(&msg)) {
+      if (msg.has_header()) kinds.push_back("header");
+      if (msg.has_trailer()) kinds.push_back("trailer");
+      if (!msg.has_chunk()) continue;
+      const v1::TensorChunk& c = msg.chunk();
+      EXPECT_LE(static_cast<int64_t>(c.data().size()), kChunk);
+      EXPECT_EQ(c.offset(), received[c.name()]) << c.name();
+      EXPECT_EQ(c.data().size() % (c.name() == "positions" ? 8 : wire == v1::FLOAT32 ? 4 : 2), 0u);
+      received[c.name()] += static_cast<int64_t>(c.data().size());
+    }
+    EXPECT_EQ(kinds, (std::vector<std::string>{"header", "trailer"}));
+    EXPECT_EQ(received["positions"], positions);
+    int64_t total = 0;
+    for (const auto& [name, n] : received) total += n;
+    EXPECT_EQ(total, a.step.outputs.response_bytes);
+  }
+}
+
+// Bytes on the wire equal the tensor converted to the wire dtype, whichever chunk they came in.
+TEST(StepResponderTest, ChunkBytesAreTheTensorInTheWireDtype) {
+  v1::StepRequest request = fixtures::Valid();
+  request.set_wire_dtype(v1::BFLOAT16);
+  Answered a(request, /*batch_rows=*/2);
+  auto responder = StepResponder::Create(a.result, a.step.outputs, "id", absl::Now(), 64);
+  ASSERT_TRUE(responder.ok());
+  std::string velocity;
+  v1::StepResponse msg;
+  while (*responder->Next(&msg)) {
+    if (msg.has_chunk() && msg.chunk().name() == "velocity") velocity += msg.chunk().data();
+  }
+  const torch::Tensor want = a.result.output.velocity.to(torch::kBFloat16).contiguous();
+  ASSERT_EQ(velocity.size(), want.nbytes());
+  EXPECT_EQ(velocity, std::string(static_cast<const char*>(want.data_ptr()), want.nbytes()));
+}
+
+TEST(StepResponderTest, RefusesAChunkLimitBelowOneElement) {
+  Answered a(fixtures::Valid());
+  EXPECT_EQ(StepResponder::Create(a.result, a.step.outputs, "", absl::Now(), 7).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace praxis::serve
