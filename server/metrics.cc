@@ -59,6 +59,14 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
                MetricType::Counter, mc.evictions),
         Family("praxis_mask_cache_entries", "Tower layouts held in the mask cache.",
                MetricType::Gauge, mc.entries),
+        Family("praxis_mask_cache_bytes", "Bytes the cached masks and plans hold.",
+               MetricType::Gauge, mc.bytes),
+        Family("praxis_pending_response_bytes",
+               "Answer bytes admitted but not yet taken by their readers.", MetricType::Gauge,
+               v.pending_response_bytes),
+        Family("praxis_write_timeouts_total",
+               "Calls cancelled because their reader took no data for --write_timeout.",
+               MetricType::Counter, v.write_timeouts),
     };
     if (v.device_memory_bytes) {
       out.push_back(Family("praxis_device_memory_bytes",

@@ -27,6 +27,8 @@ struct LiveValues {
   int64_t queued_bytes = 0;
   model::MaskCacheStats mask_cache;
   std::optional<int64_t> device_memory_bytes;
+  int64_t pending_response_bytes = 0;  // answers admitted but not yet taken by their readers
+  int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
 };
 
 // What praxis_model_info labels.

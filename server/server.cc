@@ -79,12 +79,11 @@ absl::Status PraxisServer::Start() {
   }
   metrics_ = std::make_unique<ServerMetrics>(options_.model, [this] {
     const batching::BatcherStats b = batcher_->stats();
-    return LiveValues{b.queued_requests, b.queued_bytes, runner_->mask_cache_stats(),
-                      runner_->device_memory_bytes()};
+    const ServiceCounts s = service_->counts();
+    return LiveValues{b.queued_requests,           b.queued_bytes,
+                      runner_->mask_cache_stats(), runner_->device_memory_bytes(),
+                      s.pending_response_bytes,    s.write_timeouts};
   });
-  if (!options_.metrics_address.empty()) {
-    PRAXIS_RETURN_IF_ERROR(metrics_->Expose(options_.metrics_address));
-  }
   batcher_ = std::make_unique<batching::Batcher>(
       options_.batch,
       [this](std::vector<std::unique_ptr<batching::Task>> batch) {
@@ -95,6 +94,10 @@ absl::Status PraxisServer::Start() {
   service.auth = auth_;
   service_ = std::make_unique<PraxisService>(std::move(service), runner_->config(), *batcher_,
                                              *metrics_, Info());
+  // Scrapes read the batcher and the service: expose only once both exist.
+  if (!options_.metrics_address.empty()) {
+    PRAXIS_RETURN_IF_ERROR(metrics_->Expose(options_.metrics_address));
+  }
   // Our own health service, which can require the token: gRPC's default one must not also be
   // registered (the switch is process-wide, and off unless something turned it on).
   grpc::EnableDefaultHealthCheckService(false);

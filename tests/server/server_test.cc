@@ -446,6 +446,9 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_GE(Sample(m, "praxis_mask_cache_hits_total").value_or(0), 1);
   EXPECT_GE(Sample(m, "praxis_mask_cache_misses_total").value_or(0), 1);
   EXPECT_GE(Sample(m, "praxis_mask_cache_entries").value_or(0), 1);
+  EXPECT_GT(Sample(m, "praxis_mask_cache_bytes").value_or(0), 0);
+  EXPECT_EQ(Sample(m, "praxis_pending_response_bytes").value_or(-1), 0) << "nothing unread";
+  EXPECT_EQ(Sample(m, "praxis_write_timeouts_total").value_or(-1), 0);
   EXPECT_TRUE(Sample(m, "praxis_mask_cache_evictions_total").has_value());
   EXPECT_EQ(Sample(m, "praxis_queue_depth"), 0);
   EXPECT_TRUE(Sample(m, "praxis_queue_bytes").has_value());
