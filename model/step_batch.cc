@@ -9,15 +9,18 @@
 
 namespace praxis::model {
 
+WindowLayout StepLayout(const StepInputs& in) {
+  return {.anchor_h = in.anchor.size(3),
+          .anchor_w = in.anchor.size(4),
+          .text_len = in.text.size(1),
+          .k = in.noised.size(2) / in.frames_per_chunk,
+          .f = in.frames_per_chunk,
+          .h = in.noised.size(3),
+          .w = in.noised.size(4)};
+}
+
 std::string LayoutKey(const StepInputs& in) {
-  const WindowLayout layout{.anchor_h = in.anchor.size(3),
-                            .anchor_w = in.anchor.size(4),
-                            .text_len = in.text.size(1),
-                            .k = in.noised.size(2) / in.frames_per_chunk,
-                            .f = in.frames_per_chunk,
-                            .h = in.noised.size(3),
-                            .w = in.noised.size(4)};
-  return LayoutKey(layout, in.decode, in.rope_shifts);
+  return LayoutKey(StepLayout(in), in.decode, in.rope_shifts);
 }
 
 std::string LayoutKey(const WindowLayout& l, bool decode,

@@ -15,6 +15,10 @@
 
 namespace praxis::model {
 
+// The geometry of a step (registers left 0: they are the config's): what its masks, tokens and
+// cost depend on. `in` must have passed ValidateStep.
+WindowLayout StepLayout(const StepInputs& in);
+
 // Steps with equal keys have the same sequence layout (text length, anchor and video grid, K, F,
 // decode, rope shifts), so their rows stack into one batch that shares both towers' masks and
 // rotary tables. Human-readable: it is returned to clients and used in logs.

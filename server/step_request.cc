@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/step_batch.h"
 #include "server/tensor_codec.h"
 
 namespace praxis::serve {
@@ -60,21 +61,11 @@ absl::Status AtMost(int64_t value, int64_t limit, const char* field, const char*
       absl::StrCat(field, ": expected ", what, " <= ", limit, " (server limit), got ", value));
 }
 
-model::WindowLayout Layout(const model::StepInputs& in) {
-  return {.anchor_h = in.anchor.size(3),
-          .anchor_w = in.anchor.size(4),
-          .text_len = in.text.size(1),
-          .k = in.noised.size(2) / in.frames_per_chunk,
-          .f = in.frames_per_chunk,
-          .h = in.noised.size(3),
-          .w = in.noised.size(4)};
-}
-
 // Called after ValidateStep, so the shapes are known to be consistent (and their products, each
 // bounded by a tensor's element count, cannot overflow).
 absl::Status CheckLimits(const model::StepInputs& in, const model::BackboneConfig& c,
                          const StepLimits& l) {
-  const model::WindowLayout layout = Layout(in);
+  const model::WindowLayout layout = model::StepLayout(in);
   PRAXIS_RETURN_IF_ERROR(AtMost(in.noised.size(0), l.max_rows, "noised", "batch rows B"));
   PRAXIS_RETURN_IF_ERROR(AtMost(layout.text_len, l.max_text_len, "text", "text length L"));
   PRAXIS_RETURN_IF_ERROR(AtMost(layout.k * layout.f, l.max_frames, "noised", "frames K*F"));
@@ -171,7 +162,7 @@ absl::StatusOr<DecodedStep> Decode(const v1::StepRequest& r, const model::Backbo
   PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config, in));
   PRAXIS_RETURN_IF_ERROR(CheckLimits(in, config, limits));
   PRAXIS_RETURN_IF_ERROR(CheckMagnitude(in, limits.max_abs_input));
-  step.cost = model::ComputeStepCost(config, Layout(in), in.decode, in.noised.size(0),
+  step.cost = model::ComputeStepCost(config, model::StepLayout(in), in.decode, in.noised.size(0),
                                      limits.dense_attention);
   step.outputs.response_bytes = ResponseBytes(step.outputs, config, in, step.cost);
   PRAXIS_RETURN_IF_ERROR(CheckBudget(step, limits));

@@ -21,6 +21,7 @@
 #include "server/server.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
+#include "tests/server/reflection_probe.h"
 
 namespace praxis::serve {
 namespace {
@@ -159,39 +160,11 @@ TEST(AuthTest, TokenFilesWithoutTokensOrUnreadableAreRefused) {
   }
 }
 
-// list_services (ServerReflectionRequest field 7) over a raw generic call: its final status.
-grpc::Status ListServices(const std::shared_ptr<grpc::Channel>& channel) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
-  grpc::CompletionQueue cq;
-  auto call =
-      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  auto wait = [&cq] {
-    void* tag;
-    bool ok = false;
-    return cq.Next(&tag, &ok) && ok;
-  };
-  call->StartCall(nullptr);
-  wait();
-  const char list_services[] = {0x3a, 0x00};
-  grpc::Slice slice(list_services, sizeof list_services);
-  call->WriteLast(grpc::ByteBuffer(&slice, 1), grpc::WriteOptions(), nullptr);
-  wait();
-  grpc::ByteBuffer reply;
-  call->Read(&reply, nullptr);
-  wait();
-  grpc::Status status;
-  call->Finish(&status, nullptr);
-  wait();
-  return status;
-}
-
 TEST(ReflectionTest, CanBeSwitchedOffPerServer) {
   auto on = StartServer(/*exempt=*/true, /*reflection=*/true);
   auto off = StartServer(/*exempt=*/true, /*reflection=*/false);
-  EXPECT_TRUE(ListServices(Connect(*on, "")->channel()).ok());
-  EXPECT_EQ(ListServices(Connect(*off, "")->channel()).error_code(),
+  EXPECT_TRUE(fixtures::ListServices(Connect(*on, "")->channel(), kTimeout).status.ok());
+  EXPECT_EQ(fixtures::ListServices(Connect(*off, "")->channel(), kTimeout).status.error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
   on->Drain(absl::Seconds(10));
   off->Drain(absl::Seconds(10));

@@ -22,6 +22,7 @@
 #include "tests/server/gated_runner.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
+#include "tests/server/reflection_probe.h"
 
 namespace praxis::serve {
 namespace {
@@ -145,39 +146,10 @@ TEST_F(ServerTest, HealthIsServingAndModelInfoDescribesTheModel) {
 // The reflection service answers list_services (ServerReflectionRequest field 7) with our
 // services. Raw bytes over a generic call: this binary cannot also compile reflection.proto.
 TEST_F(ServerTest, ReflectionListsTheServices) {
-  grpc::GenericStub stub(client_->channel());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
-  grpc::CompletionQueue cq;
-  auto call =
-      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  auto wait = [&cq] {
-    void* tag;
-    bool ok = false;
-    return cq.Next(&tag, &ok) && ok;
-  };
-  call->StartCall(nullptr);
-  ASSERT_TRUE(wait());
-  const char list_services[] = {0x3a, 0x00};  // field 7, length-delimited, empty
-  grpc::Slice slice(list_services, sizeof list_services);
-  call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
-  ASSERT_TRUE(wait());
-  call->WritesDone(nullptr);
-  ASSERT_TRUE(wait());
-  grpc::ByteBuffer reply;
-  call->Read(&reply, nullptr);
-  ASSERT_TRUE(wait());
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(reply.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_TRUE(absl::StrContains(bytes, "praxis.v1.Praxis"));
-  EXPECT_TRUE(absl::StrContains(bytes, "grpc.health.v1.Health"));
-  grpc::Status status;
-  call->Finish(&status, nullptr);
-  ASSERT_TRUE(wait());
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  const fixtures::ListServicesReply reply = fixtures::ListServices(client_->channel(), kTimeout);
+  EXPECT_TRUE(reply.status.ok()) << reply.status.error_message();
+  EXPECT_TRUE(absl::StrContains(reply.bytes, "praxis.v1.Praxis"));
+  EXPECT_TRUE(absl::StrContains(reply.bytes, "grpc.health.v1.Health"));
 }
 
 TEST_F(ServerTest, ServedOutputsEqualTheInProcessForwardBitForBit) {
