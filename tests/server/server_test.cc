@@ -430,19 +430,32 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_EQ(Sample(m, "praxis_serving"), 1);
 }
 
-// A second server, without a metrics endpoint: the lifecycle around warm-up and drain.
+// A server of its own (no metrics endpoint, a 1 ms batch delay) around a gated tiny model, with
+// a client that does not retry: for tests of the lifecycle and of budgets.
+struct GatedServer {
+  explicit GatedServer(ServerOptions o = {}) {
+    auto owned =
+        std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
+    gate = owned.get();
+    o.address = "127.0.0.1:0";
+    o.metrics_address = "";
+    o.batch.max_queue_delay = absl::Milliseconds(1);
+    server = PraxisServer::Create(o, std::move(owned)).value();
+    client::ClientOptions co;
+    co.max_attempts = 1;
+    client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
+  }
+  GatedRunner* gate;
+  std::unique_ptr<PraxisServer> server;
+  std::unique_ptr<Client> client;
+};
+
+// A second server: the lifecycle around warm-up and drain.
 TEST(ServerLifecycleTest, NotServingUntilWarmAndDrainFinishesAcceptedWork) {
-  auto owned =
-      std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
-  GatedRunner* gate = owned.get();
-  ServerOptions o;
-  o.address = "127.0.0.1:0";
-  o.metrics_address = "";
-  o.batch.max_queue_delay = absl::Milliseconds(1);
-  auto server = PraxisServer::Create(o, std::move(owned)).value();
-  client::ClientOptions co;
-  co.max_attempts = 1;
-  auto client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
+  GatedServer s;
+  GatedRunner* gate = s.gate;
+  PraxisServer* server = s.server.get();
+  Client* client = s.client.get();
   const v1::StepRequest r = fixtures::Valid();
 
   EXPECT_EQ(client->Health("", kTimeout).value(), HealthCheckResponse::NOT_SERVING);
@@ -481,20 +494,14 @@ TEST(ServerLifecycleTest, NotServingUntilWarmAndDrainFinishesAcceptedWork) {
 // Answers nobody has taken yet are bounded: a step whose answer does not fit the pending budget is
 // refused before it is queued, and the budget comes back once the answer is written.
 TEST(ServerBudgetTest, PendingAnswersAreBoundedAndReleased) {
-  auto owned =
-      std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
-  GatedRunner* gate = owned.get();
-  ServerOptions o;
-  o.address = "127.0.0.1:0";
-  o.metrics_address = "";
-  o.batch.max_queue_delay = absl::Milliseconds(1);
   const v1::StepRequest r = fixtures::Valid();  // a 30720-byte answer
+  ServerOptions o;
   o.service.max_pending_response_bytes = 40000;
-  auto server = PraxisServer::Create(o, std::move(owned)).value();
+  GatedServer s(o);
+  GatedRunner* gate = s.gate;
+  PraxisServer* server = s.server.get();
+  Client* client = s.client.get();
   ASSERT_TRUE(server->Warmup(kLayouts[0]).ok());
-  client::ClientOptions co;
-  co.max_attempts = 1;
-  auto client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
   gate->Close();
   absl::StatusOr<StepReply> held = absl::UnknownError("");
   std::thread a([&] { held = client->Step(r, kTimeout); });
