@@ -3,12 +3,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -17,103 +13,19 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "client/praxis_client.h"
+#include "tests/e2e/server_process.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
-
-extern char** environ;
 
 namespace praxis::serve {
 namespace {
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
-// A praxis-server child process with its stdout on a pipe.
-class ServerProcess {
- public:
-  explicit ServerProcess(std::vector<std::string> flags) {
-    const char* bin = std::getenv("PRAXIS_SERVER_BIN");
-    if (bin == nullptr) return;
-    std::vector<std::string> args = {bin, "--host=127.0.0.1", "--port=0", "--metrics_port=0"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    if (posix_spawn(&pid_, bin, &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_) fclose(out_);
-  }
-
-  // Reads stdout up to the start-up line and takes the ports from it; false if the process ended.
-  bool WaitServing() {
-    for (std::string line; ReadLine(&line);) {
-      if (!absl::StrContains(line, "serving on ")) continue;
-      start_line_ = line;
-      std::vector<std::string> words = absl::StrSplit(line, ' ');
-      for (size_t i = 0; i + 1 < words.size(); ++i) {
-        if (words[i] == "on") {
-          absl::SimpleAtoi(words[i + 1].substr(words[i + 1].rfind(':') + 1), &port_);
-        }
-        if (words[i] == "metrics") absl::SimpleAtoi(words[i + 1], &metrics_port_);
-      }
-      return port_ > 0;
-    }
-    return false;
-  }
-  bool ReadLine(std::string* line) {
-    char buf[4096];
-    if (out_ == nullptr || fgets(buf, sizeof buf, out_) == nullptr) return false;
-    *line = buf;
-    log_ += buf;
-    return true;
-  }
-  // Reads stdout to its end, then reaps the process; its exit status, or -1 if it did not exit.
-  int WaitExit() {
-    for (std::string line; ReadLine(&line);) {
-    }
-    int status = 0;
-    if (waitpid(pid_, &status, 0) != pid_) return -1;
-    exited_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  pid_t pid() const { return pid_; }
-  int port() const { return port_; }
-  int metrics_port() const { return metrics_port_; }
-  const std::string& start_line() const { return start_line_; }
-  const std::string& log() const { return log_; }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  bool exited_ = false;
-  int port_ = 0;
-  int metrics_port_ = 0;
-  std::string start_line_, log_;
-};
-
-std::unique_ptr<client::Client> Connect(int port) {
-  client::ClientOptions o;
-  o.max_attempts = 1;
-  return client::Client::Create(absl::StrCat("127.0.0.1:", port), o).value();
-}
+using fixtures::Connect;
+using fixtures::ServerProcess;
 
 TEST(ServerProcessTest, StartsOnTheEmbeddedModelAndServes) {
   ServerProcess p({});
