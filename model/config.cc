@@ -1,8 +1,6 @@
 #include "model/config.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -11,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/check.h"
 #include "common/checked_math.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
@@ -352,10 +351,8 @@ bool TowerConfig::is_moe(int64_t block) const {
 
 torch::ScalarType BackboneConfig::param_dtype() const {
   absl::StatusOr<torch::ScalarType> t = ParseDtype(dtype);
-  if (!t.ok()) {  // a broken invariant: every parsed config has a valid dtype
-    std::fprintf(stderr, "BackboneConfig::param_dtype: %s\n", t.status().ToString().c_str());
-    std::abort();
-  }
+  // Every parsed config has a valid dtype.
+  PRAXIS_CHECK(t.ok(), t.status().ToString().c_str());
   return *t;
 }
 

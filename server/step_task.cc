@@ -1,9 +1,8 @@
 #include "server/step_task.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <utility>
 
+#include "common/check.h"
 #include "model/step_batch.h"
 
 namespace praxis::serve {
@@ -22,18 +21,11 @@ StepTask::StepTask(DecodedStep step, absl::Time deadline,
   }
 }
 
-StepTask::~StepTask() {
-  if (done_) {  // a broken invariant: every accepted task is answered exactly once
-    std::fprintf(stderr, "StepTask destroyed without an answer\n");
-    std::abort();
-  }
-}
+// Every accepted task is answered exactly once.
+StepTask::~StepTask() { PRAXIS_CHECK(!done_, "StepTask destroyed without an answer"); }
 
 void StepTask::Complete(absl::StatusOr<StepResult> result) {
-  if (!done_) {
-    std::fprintf(stderr, "StepTask answered twice\n");
-    std::abort();
-  }
+  PRAXIS_CHECK(done_, "StepTask answered twice");
   Done done = std::move(done_);
   done_ = nullptr;
   done(std::move(result));
