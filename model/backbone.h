@@ -74,7 +74,7 @@ absl::Status ValidateStep(const BackboneConfig& config, const StepInputs& in);
 
 // The model the server holds. Weights are plain tensors on the device; masks and attention plans
 // come from the owned MaskCache, so a forward over a layout seen before builds nothing.
-// Thread-compatible for Forward: concurrent calls are safe (weights are read-only, the cache is
+// Thread-safe: concurrent Forward calls are safe (weights are read-only, the cache is
 // thread-safe), though the server runs one batch at a time per device.
 class VideoBackbone {
  public:
