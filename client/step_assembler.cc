@@ -47,6 +47,8 @@ absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
   if (complete_) return absl::DataLossError("message after the trailer");
   switch (msg.kind_case()) {
     case v1::StepResponse::kError:
+      // An error that says OK is no answer at all (and an OK status cannot be a StatusOr's error).
+      if (msg.error().code() == 0) return absl::DataLossError("a StepError with code OK");
       return absl::Status(static_cast<absl::StatusCode>(msg.error().code()), msg.error().message());
     case v1::StepResponse::kHeader:
       if (have_header_) return absl::DataLossError("a second header");

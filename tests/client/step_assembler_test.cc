@@ -178,12 +178,15 @@ TEST(StepAssemblerTest, StepErrorBecomesTheStatus) {
   }
 }
 
-// Not tested here, a bug reported instead (issue 16): a StepError whose code is 0 (OK) aborts
-// the client. Add() builds absl::StatusOr<bool> from absl::Status(kOk, message), and Debian's
-// Abseil treats an OK status given to StatusOr as fatal ("An OK status is not a valid constructor
-// argument to StatusOr<T>", SIGABRT), so a hostile server can kill praxis-cli/praxis-load with one
-// message. The test to add once Add() refuses it (e.g. DataLoss "a StepError with code OK"):
-//   err.set_code(0) -> Add(err) is not ok and its code is not kOk.
+// A StepError saying OK once aborted the client (Abseil refuses an OK status as a StatusOr's
+// error): a hostile server could kill praxis-cli or praxis-load with one message.
+TEST(StepAssemblerTest, AStepErrorWithCodeOkIsRefused) {
+  v1::StepResponse err;
+  err.mutable_error()->set_code(0);
+  err.mutable_error()->set_message("all fine, no data");
+  StepAssembler a;
+  EXPECT_EQ(a.Add(err).status(), absl::DataLossError("a StepError with code OK"));
+}
 
 struct HostileHeader {
   const char* label;
