@@ -4,8 +4,11 @@
 #include <pthread.h>
 #include <signal.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -17,11 +20,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
 #include "model/model_loader.h"
 #include "model/step_io.h"
 #include "model/step_runner.h"
+#include "nlohmann/json.hpp"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to serve gRPC on");
@@ -92,6 +97,9 @@ ABSL_FLAG(int32_t, drain_seconds, 30,
           "on SIGTERM/SIGINT, finish queued and in-flight steps within this long, then exit 0");
 ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
           "layout of the warm-up step before SERVING: text_len,h,w,K,F (anchor grid = h x w)");
+ABSL_FLAG(std::string, port_file, "",
+          "once SERVING, write {\"port\", \"metrics_port\" (null if off), \"pid\"} as JSON here "
+          "(atomically: PATH.tmp, then rename)");
 
 namespace praxis::serve {
 namespace {
@@ -148,6 +156,20 @@ sigset_t BlockStopSignals() {
   return set;
 }
 
+// Writes the ports and the process id as one JSON object to `path`, atomically (a reader sees no
+// file or the whole of it): `path`.tmp, then rename(2) over `path`.
+absl::Status WritePortFile(const std::string& path, int port, int metrics_port) {
+  nlohmann::json j = {{"port", port}, {"metrics_port", nullptr}, {"pid", ::getpid()}};
+  if (metrics_port > 0) j["metrics_port"] = metrics_port;
+  const std::string tmp = path + ".tmp";
+  PRAXIS_RETURN_IF_ERROR(WriteStringToFile(tmp, j.dump() + "\n"));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("--port_file: rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   if (absl::GetFlag(FLAGS_threads) > 0) torch::set_num_threads(absl::GetFlag(FLAGS_threads));
@@ -185,6 +207,10 @@ absl::Status Run() {
             << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
             << " tokens " << l.max_tokens << " cost " << l.max_request_gflop << " GFLOP message "
             << options.max_message_bytes << " response " << l.max_response_bytes << std::endl;
+  // After the human line, so that whoever sees the file finds the line already printed.
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    PRAXIS_RETURN_IF_ERROR(WritePortFile(port_file, server->port(), server->metrics_port()));
+  }
   int sig = 0;
   sigwait(&stop_signals, &sig);
   const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));

@@ -1,8 +1,11 @@
 """praxis-server as a child process, and tiny-model inputs, for the client tests."""
+import json
 import os
-import re
+import shutil
 import signal
 import subprocess
+import tempfile
+import time
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -18,22 +21,49 @@ class Server:
     port /metrics is served on is `metrics_port`.
     """
 
-    def __init__(self, *flags):
-        self.proc = subprocess.Popen(
-            [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2", *flags],
-            stdout=subprocess.PIPE, text=True)
-        for line in self.proc.stdout:
-            m = re.search(r"serving on [\d.]+:(\d+) metrics (\d+|off)", line)
-            if m:
-                self.address = f"127.0.0.1:{m.group(1)}"
-                self.metrics_port = None if m.group(2) == "off" else int(m.group(2))
-                return
-        raise RuntimeError(f"praxis-server exited with {self.proc.wait()} before serving")
+    def __init__(self, *flags, timeout=120):
+        self._dir = tempfile.mkdtemp(prefix="praxis-server-")
+        port_file = os.path.join(self._dir, "port.json")
+        self.log_path = os.path.join(self._dir, "log")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2",
+                 f"--port_file={port_file}", *flags],
+                stdout=log, stderr=subprocess.STDOUT)
+        # The server writes the file (atomically, by rename) once it is SERVING.
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None:
+                self._fail(f"praxis-server exited with {self.proc.returncode} before serving")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                self._fail(f"praxis-server wrote no {port_file} within {timeout} s")
+            time.sleep(0.02)
+        with open(port_file) as f:
+            ports = json.load(f)
+        assert ports["pid"] == self.proc.pid, ports
+        self.address = f"127.0.0.1:{ports['port']}"
+        self.metrics_port = ports["metrics_port"]  # None with --metrics_port=-1
+
+    def _fail(self, why):
+        with open(self.log_path) as f:
+            log = f.read()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        raise RuntimeError(f"{why}; its output:\n{log}")
+
+    def log(self):
+        """What the server printed (stdout and stderr) so far."""
+        with open(self.log_path) as f:
+            return f.read()
 
     def stop(self):
         """SIGTERM, and the drain must end with exit status 0."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=60) == 0
+        code = self.proc.wait(timeout=60)
+        log = self.log()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        assert code == 0, log
 
 
 def tiny_inputs(seed=0, b=1, text_len=5, h=3, w=4, k=2, f=1):

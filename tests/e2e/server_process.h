@@ -1,8 +1,8 @@
 #pragma once
 
 // praxis-server as a child process, for the end-to-end tests: started from PRAXIS_SERVER_BIN on
-// 127.0.0.1 with ports picked by the kernel, its stdout read line by line (the start-up line gives
-// the ports), its resident memory read from /proc, and its exit awaited with a deadline.
+// 127.0.0.1 with ports picked by the kernel, which it reports in its --port_file (JSON), its stdout
+// read line by line, its resident memory read from /proc, and its exit awaited with a deadline.
 
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +24,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/praxis_client.h"
+#include "common/file_util.h"
+#include "nlohmann/json.hpp"
 
 extern char** environ;
 
@@ -38,7 +40,12 @@ class ServerProcess {
   explicit ServerProcess(std::vector<std::string> flags) {
     const char* bin = std::getenv("PRAXIS_SERVER_BIN");
     if (bin == nullptr) return;
-    std::vector<std::string> args = {bin, "--host=127.0.0.1", "--port=0", "--metrics_port=0"};
+    char dir[] = "/tmp/praxis-port-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return;
+    port_dir_ = dir;
+    port_file_ = JoinPath(port_dir_, "port.json");
+    std::vector<std::string> args = {bin, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+                                     "--port_file=" + port_file_};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -60,27 +67,49 @@ class ServerProcess {
       waitpid(pid_, nullptr, 0);
     }
     if (out_fd_ >= 0) close(out_fd_);
+    if (!port_dir_.empty()) {
+      unlink(port_file_.c_str());
+      unlink((port_file_ + ".tmp").c_str());
+      rmdir(port_dir_.c_str());
+    }
   }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
-  // Reads stdout up to the start-up line and takes the ports from it; false if the process ended
-  // or printed no such line within `timeout`.
+  // Waits for the port file (written once the server is SERVING) and takes the ports from it, then
+  // the human start-up line (printed before the file) from stdout. False, with the reason appended
+  // to log(), if the process ended, or wrote no valid file within `timeout`.
   bool WaitServing(absl::Duration timeout = absl::Seconds(120)) {
     const absl::Time deadline = absl::Now() + timeout;
-    for (std::string line; ReadLine(&line, deadline);) {
-      if (!absl::StrContains(line, "serving on ")) continue;
-      start_line_ = line;
-      std::vector<std::string> words = absl::StrSplit(line, ' ');
-      for (size_t i = 0; i + 1 < words.size(); ++i) {
-        if (words[i] == "on") {
-          absl::SimpleAtoi(words[i + 1].substr(words[i + 1].rfind(':') + 1), &port_);
-        }
-        if (words[i] == "metrics") absl::SimpleAtoi(words[i + 1], &metrics_port_);
+    std::string line;
+    while (!PathExists(port_file_)) {
+      if (absl::Now() >= deadline) {
+        return Fail(absl::StrCat("no ", port_file_, " within ", absl::FormatDuration(timeout)));
       }
-      return port_ > 0;
+      // Reading stdout keeps its pipe from filling; its end means the process ended.
+      if (!ReadLine(&line, absl::Now() + absl::Milliseconds(20))) {
+        if (out_fd_ < 0) return Fail("the server exited before serving");
+      } else if (absl::StrContains(line, "serving on ")) {
+        start_line_ = line;
+      }
     }
-    return false;
+    const absl::StatusOr<std::string> text = ReadFileToString(port_file_);
+    const nlohmann::json j =
+        nlohmann::json::parse(text.ok() ? *text : "", nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("port") || !j["port"].is_number_integer()) {
+      return Fail(absl::StrCat("bad port file ", port_file_, ": ", text.ok() ? *text : ""));
+    }
+    port_ = j["port"].get<int>();
+    if (j.contains("metrics_port") && j["metrics_port"].is_number_integer()) {
+      metrics_port_ = j["metrics_port"].get<int>();
+    }
+    while (start_line_.empty() && ReadLine(&line, absl::Now() + absl::Seconds(5))) {
+      if (absl::StrContains(line, "serving on ")) {
+        start_line_ = line;
+        break;
+      }
+    }
+    return port_ > 0;
   }
 
   // The next line of stdout (kept in log()); false at its end or when `deadline` passes first.
@@ -96,8 +125,9 @@ class ServerProcess {
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) return false;
       pollfd p{out_fd_, POLLIN, 0};
-      const int wait_ms =
-          left == absl::InfiniteDuration() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+      const int wait_ms = left == absl::InfiniteDuration()
+                              ? -1
+                              : static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
       if (poll(&p, 1, wait_ms) <= 0) continue;  // timed out (checked above) or interrupted
       char buf[4096];
       const ssize_t n = read(out_fd_, buf, sizeof buf);
@@ -152,13 +182,20 @@ class ServerProcess {
   }
 
   pid_t pid() const { return pid_; }
+  const std::string& port_file() const { return port_file_; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   const std::string& start_line() const { return start_line_; }
   const std::string& log() const { return log_; }
 
  private:
+  bool Fail(const std::string& why) {
+    absl::StrAppend(&log_, "[ServerProcess] ", why, "\n");
+    return false;
+  }
+
   pid_t pid_ = -1;
+  std::string port_dir_, port_file_;  // a fresh directory for --port_file
   int out_fd_ = -1;
   std::string pending_;  // read from stdout, not yet a whole line
   bool exited_ = false;

@@ -1,5 +1,8 @@
-// praxis-server as a process, as the README's serve command starts it: the start-up line, health,
+// praxis-server as a process, as the README's serve command starts it: the start-up line and the
+// port file, health,
 // a step, /metrics, and SIGTERM under load (nothing accepted is lost, exit status 0).
+
+#include "tests/e2e/server_process.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -15,7 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/praxis_client.h"
-#include "tests/e2e/server_process.h"
+#include "common/file_util.h"
+#include "nlohmann/json.hpp"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
 
@@ -35,6 +39,13 @@ TEST(ServerProcessTest, StartsOnTheEmbeddedModelAndServes) {
        {"model embedded:tiny", "device cpu", "dtype float32", "limits batch 8"}) {
     EXPECT_TRUE(absl::StrContains(p.start_line(), part)) << part << " in " << p.start_line();
   }
+  // The port file (where the harness took the ports from) agrees with the human line.
+  EXPECT_TRUE(absl::StrContains(p.start_line(), absl::StrCat("serving on 127.0.0.1:", p.port(),
+                                                             " metrics ", p.metrics_port(), " ")))
+      << p.start_line();
+  const nlohmann::json port_file = nlohmann::json::parse(ReadFileToString(p.port_file()).value());
+  EXPECT_EQ(port_file["pid"], p.pid()) << port_file;
+  EXPECT_FALSE(PathExists(p.port_file() + ".tmp"));
   auto c = Connect(p.port());
   EXPECT_EQ(c->Health("", kTimeout).value(), grpc::health::v1::HealthCheckResponse::SERVING);
   const absl::StatusOr<client::StepReply> r = c->Step(fixtures::Valid(), kTimeout);
