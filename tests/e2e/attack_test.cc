@@ -110,8 +110,8 @@ std::vector<Overflow> OverflowShapes() {
   const int64_t p31 = int64_t{1} << 31, p40 = int64_t{1} << 40, p62 = int64_t{1} << 62;
   std::vector<Overflow> out;
   for (const char* field : {"noised", "text"}) {
-    for (std::vector<int64_t> shape : std::vector<std::vector<int64_t>>{
-             {p62}, {p31, p31}, {p62, 1, 1}, {0, p40, p40}}) {
+    for (std::vector<int64_t> shape :
+         std::vector<std::vector<int64_t>>{{p62}, {p31, p31}, {p62, 1, 1}, {0, p40, p40}}) {
       out.push_back({field, shape});
     }
   }
@@ -266,8 +266,8 @@ TEST(AttackTest, ThrowingRequestOnASessionThenSigterm) {
   const int n = Repeats();
   const int64_t before = p->RssBytes();
   for (int i = 0; i < n; ++i) {
-    ExpectRefused(session->Step(WithShape(throwing)).status(),
-                  absl::StatusCode::kInvalidArgument, "noised");
+    ExpectRefused(session->Step(WithShape(throwing)).status(), absl::StatusCode::kInvalidArgument,
+                  "noised");
     if (HasFailure()) break;
   }
   const absl::StatusOr<client::StepReply> ok = session->Step(fixtures::Valid());
@@ -375,18 +375,19 @@ std::unique_ptr<v1::Praxis::Stub> OwnConnection(int port, int tag) {
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   args.SetInt("praxis.attack.connection", tag);
-  return v1::Praxis::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  return v1::Praxis::NewStub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                                       grpc::InsecureChannelCredentials(), args));
 }
 
 // The largest VmRSS seen by polling every few milliseconds until destroyed.
 class PeakRss {
  public:
-  explicit PeakRss(const ServerProcess& p) : thread_([this, &p] {
-      while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
-        peak_ = std::max<int64_t>(peak_, p.RssBytes());
-      }
-    }) {}
+  explicit PeakRss(const ServerProcess& p)
+      : thread_([this, &p] {
+          while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
+            peak_ = std::max<int64_t>(peak_, p.RssBytes());
+          }
+        }) {}
   ~PeakRss() { Stop(); }
   int64_t Stop() {
     if (!stop_.HasBeenNotified()) stop_.Notify();
@@ -407,13 +408,14 @@ class PeakRss {
 // with a stalled reader present still exits 0 within the grace plus one second.
 TEST(AttackTest, UnreadStreamsAreBoundedByThePendingBudgetAndCancelled) {
   constexpr int64_t kBudget = 32 * kMiB;
-  // Above the idle RSS, besides the budget: the batch's activations while it computes, the 64
-  // requests in gRPC's buffers, and one chunk in flight per stalled call.
+  // Above the idle RSS, besides the budget: one row's activations while it computes (batches of
+  // one here: a batch of 9 such rows once peaked at +160 MiB, its activations being outside the
+  // answer budget), the 64 requests in gRPC's buffers, and one chunk in flight per stalled call.
   constexpr int64_t kOverhead = 96 * kMiB;
   constexpr int kConnections = 8, kCallsPerConnection = 8;
   const absl::Duration grace = absl::Seconds(1);
   auto p = Start({absl::StrCat("--max_pending_response_bytes=", kBudget), "--write_timeout=2s",
-                  "--drain_seconds=1"});
+                  "--drain_seconds=1", "--max_batch_size=1"});
   ASSERT_GT(p->port(), 0);
   const v1::StepRequest large = LargeAnswer();
   auto bystander = Bystander(p->port());
@@ -465,11 +467,12 @@ TEST(AttackTest, UnreadStreamsAreBoundedByThePendingBudgetAndCancelled) {
   }
   EXPECT_LT(most_read, 1 * kMiB) << "a stalled answer reached its reader";
   const int64_t high = peak.Stop();
-  std::printf("[unread] %zu unread calls: %d refused over the budget, %d cancelled as stalled "
-              "(at most %.2f MiB of an answer reached a reader); RSS idle %.1f MiB, peak %.1f MiB "
-              "(+%.1f MiB; bound: budget %.0f + overhead %.0f)\n",
-              calls.size(), refused, cancelled, MiB(most_read), MiB(idle), MiB(high),
-              MiB(high - idle), MiB(kBudget), MiB(kOverhead));
+  std::printf(
+      "[unread] %zu unread calls: %d refused over the budget, %d cancelled as stalled "
+      "(at most %.2f MiB of an answer reached a reader); RSS idle %.1f MiB, peak %.1f MiB "
+      "(+%.1f MiB; bound: budget %.0f + overhead %.0f)\n",
+      calls.size(), refused, cancelled, MiB(most_read), MiB(idle), MiB(high), MiB(high - idle),
+      MiB(kBudget), MiB(kOverhead));
   EXPECT_GE(refused, 1);
   EXPECT_GE(cancelled, 1);
   EXPECT_EQ(refused + cancelled, kConnections * kCallsPerConnection);
@@ -522,8 +525,7 @@ TEST(AttackTest, TruncatingACopiedCheckpointWhileServing) {
   const int64_t before = p->RssBytes();
   for (int i = 0; i < n; ++i) {
     const absl::StatusOr<client::StepReply> r = c->Step(fixtures::Valid(), kCall);
-    ASSERT_TRUE(r.ok()) << "step " << i << " after truncation: " << r.status() << "\n"
-                        << p->log();
+    ASSERT_TRUE(r.ok()) << "step " << i << " after truncation: " << r.status() << "\n" << p->log();
   }
   ExpectServed(p->port());
   ReportRss("valid steps, checkpoint truncated", before, p->RssBytes(), n);
