@@ -52,12 +52,12 @@ void StepResponder::SetHeader(const StepResult& r, const OutputPlan& plan,
   h.set_layout_key(r.layout_key);
   h.set_request_id(request_id);
   for (const auto& [name, tensor] : wanted) {
-    const bool is_int = tensor->scalar_type() == torch::kInt64;
-    const v1::DType wire = is_int ? v1::INT64 : plan.wire_dtype;
+    const torch::ScalarType target = WireTarget(*tensor, plan.wire_dtype).value();  // may throw
+    const v1::DType wire = ToWireDtype(target).value();
     torch::Tensor flat = tensor->to(torch::kCPU).contiguous().view({-1});
     // A row slice of a batch keeps the whole batch's tensor alive: own just these rows.
     if (flat.storage().nbytes() > flat.nbytes()) flat = flat.clone();
-    Output out{name, std::move(flat), is_int ? torch::kInt64 : *FromWireDtype(wire, "wire_dtype")};
+    Output out{name, std::move(flat), target};
     const int64_t nbytes = out.flat.numel() * static_cast<int64_t>(c10::elementSize(out.wire));
     v1::TensorHeader* th = h.add_tensors();
     th->set_name(name);

@@ -82,9 +82,6 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& t, absl::string_vie
   }
 }
 
-namespace {
-
-// The dtype `t` travels as: `wire` for float tensors, its own for int64.
 absl::StatusOr<torch::ScalarType> WireTarget(const torch::Tensor& t, v1::DType wire) {
   if (!t.is_floating_point()) {
     PRAXIS_RETURN_IF_ERROR(ToWireDtype(t.scalar_type()).status());
@@ -96,8 +93,6 @@ absl::StatusOr<torch::ScalarType> WireTarget(const torch::Tensor& t, v1::DType w
   }
   return target;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> TensorBytes(const torch::Tensor& t, v1::DType wire) {
   PRAXIS_ASSIGN_OR_RETURN(torch::ScalarType target, WireTarget(t, wire));

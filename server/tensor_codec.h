@@ -27,7 +27,11 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& t, absl::string_vie
 // The wire form of `t` (any device) converted to `wire` (float outputs) or kept (int64).
 absl::StatusOr<v1::Tensor> EncodeTensor(const torch::Tensor& t, v1::DType wire);
 
-// Row-major little-endian bytes of `t` converted to `wire`, for chunked streaming.
+// The dtype `t` travels as: `wire` for float tensors, its own for int64. InvalidArgument for a
+// dtype the API does not carry, or an INT64 wire for a float tensor.
+absl::StatusOr<torch::ScalarType> WireTarget(const torch::Tensor& t, v1::DType wire);
+
+// Row-major little-endian bytes of `t` converted to `wire`, all at once.
 absl::StatusOr<std::string> TensorBytes(const torch::Tensor& t, v1::DType wire);
 
 }  // namespace praxis::serve
