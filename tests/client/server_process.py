@@ -1,4 +1,5 @@
 """praxis-server as a child process, and tiny-model inputs, for the client tests."""
+import contextlib
 import json
 import os
 import shutil
@@ -6,6 +7,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent import futures
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -86,3 +88,17 @@ def save_inputs(path, **layout):
     t = tiny_inputs(**layout)
     t["frames_per_chunk"] = np.array([t["frames_per_chunk"]], dtype=np.int64)
     save_file(t, path)
+
+
+@contextlib.contextmanager
+def loopback_server(handler, workers):
+    """A grpcio server on 127.0.0.1:0 serving `handler` (a GenericRpcHandler); sets
+    handler.address and yields the handler, stopping the server afterwards."""
+    import grpc  # only the fake-server tests need grpcio here
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), handlers=[handler])
+    handler.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        yield handler
+    finally:
+        server.stop(0)

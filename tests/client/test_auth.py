@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import urllib.request
-from concurrent import futures
 
 import grpc
 import pytest
@@ -23,7 +22,7 @@ if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
 from certs import make_certs  # noqa: E402
-from server_process import Server, save_inputs, tiny_inputs  # noqa: E402
+from server_process import Server, loopback_server, save_inputs, tiny_inputs  # noqa: E402
 from praxis_client import Client, ProtocolError, RpcFailed, pb  # noqa: E402
 
 TOKENS = "# robots\nalpha-token\n\nbeta-token\n"
@@ -201,12 +200,8 @@ class Hostile(grpc.GenericRpcHandler):
 
 @pytest.fixture(scope="module")
 def hostile():
-    h = Hostile()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[h])
-    h.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    server.start()
-    yield h
-    server.stop(0)
+    with loopback_server(Hostile(), workers=2) as h:
+        yield h
 
 
 @pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))

@@ -8,7 +8,6 @@ real praxis-server answers for the same requests.
 import os
 import subprocess
 import sys
-from concurrent import futures
 
 import grpc
 import pytest
@@ -19,7 +18,7 @@ os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
-from server_process import save_inputs, tiny_inputs  # noqa: E402
+from server_process import loopback_server, save_inputs, tiny_inputs  # noqa: E402
 from praxis_client import LAYOUT_HEADER, Client, RpcFailed, layout_key, make_request  # noqa: E402
 
 # (text_len, h, w, K, F, decode, rope_shifts): K = 1 has no clean chunks; enc-only; shifted.
@@ -50,12 +49,8 @@ class Recorder(grpc.GenericRpcHandler):
 
 @pytest.fixture
 def recorder():
-    r = Recorder()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[r])
-    r.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    server.start()
-    yield r
-    server.stop(0)
+    with loopback_server(Recorder(), workers=4) as r:
+        yield r
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[str(l[:5]) for l in LAYOUTS])
