@@ -20,6 +20,26 @@ torch::Tensor TileTokens(const std::vector<int32_t>& tiles, int64_t block_size, 
   return parts.empty() ? torch::empty({0}, torch::kInt64) : torch::cat(parts);
 }
 
+// `index` as one run when its values are consecutive; a run of length 0 otherwise.
+TokenRun AsRun(const torch::Tensor& index) {
+  const int64_t n = index.numel();
+  if (n == 0) return {};
+  const int64_t* v = index.data_ptr<int64_t>();
+  return v[n - 1] - v[0] == n - 1 ? TokenRun{v[0], n} : TokenRun{};
+}
+
+// Rows `index` of dimension 2 of t [B, H, T, hd]: a view where they form one run.
+torch::Tensor Gather(const torch::Tensor& t, const torch::Tensor& index, const TokenRun& run) {
+  return run.length > 0 ? t.narrow(2, run.start, run.length) : t.index_select(2, index);
+}
+
+// One fused call attends every pair beats the groups' calls when it does less work; each group
+// call costs about as much as this many query-key pairs of one row beyond its own pairs (its
+// gathers, a second kernel for partial tiles, the merge and the scatter: ~15 small ops).
+constexpr int64_t kGroupCallPairs = 16384;
+// A dense bias is kept only for layouts this short ([T, T] in the attention dtype).
+constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
+
 std::vector<int32_t> RowTiles(const torch::Tensor& counts, const torch::Tensor& indices,
                               int64_t i) {
   const int32_t n = counts[i].item<int32_t>();
@@ -52,18 +72,31 @@ std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
     // The kernel reports lse 0 (and output 0) for a fully masked row; give it no weight.
     return {out, lse.masked_fill(g.partial_row_any.logical_not(), -inf)};
   }
-  torch::Tensor s = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2));
+  const int64_t heads = q.size(1);
+  torch::Tensor s = torch::matmul(q.to(torch::kFloat32),
+                                  ExpandKvHeads(k, heads).to(torch::kFloat32).transpose(-1, -2));
   s = (s * scale).masked_fill(g.partial_mask.logical_not(), -inf);
   const torch::Tensor lse = torch::logsumexp(s, -1);
   const torch::Tensor safe = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
   const torch::Tensor p = torch::exp(s - safe.unsqueeze(-1));
-  return {torch::matmul(p, v.to(torch::kFloat32)), lse};
+  return {torch::matmul(p, ExpandKvHeads(v, heads).to(torch::kFloat32)), lse};
 }
 
 }  // namespace
 
+torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads) {
+  return kv.size(1) == heads ? kv : kv.repeat_interleave(heads / kv.size(1), 1);
+}
+
+bool AttentionPlan::UseDense(int64_t rows) const {
+  if (!dense_bias.defined()) return false;
+  const int64_t groups_cost =
+      rows * group_pairs + static_cast<int64_t>(groups.size()) * kGroupCallPairs;
+  return rows * length * length <= groups_cost;
+}
+
 int64_t AttentionPlan::nbytes() const {
-  int64_t n = 0;
+  int64_t n = dense_bias.defined() ? dense_bias.nbytes() : 0;
   for (const Group& g : groups) {
     n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes();
     if (g.partial_mask.defined()) {
@@ -90,6 +123,10 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
     const torch::Tensor q = TileTokens(q_tiles, mask.block_size, mask.q_len);
     const torch::Tensor full = TileTokens(pattern.first, mask.block_size, mask.kv_len);
     const torch::Tensor partial = TileTokens(pattern.second, mask.block_size, mask.kv_len);
+    g.q_run = AsRun(q);
+    g.full_kv_run = AsRun(full);
+    g.partial_kv_run = AsRun(partial);
+    plan.group_pairs += q.numel() * (full.numel() + partial.numel());
     g.q_index = q.to(device);
     g.full_kv_index = full.to(device);
     g.partial_kv_index = partial.to(device);
@@ -104,22 +141,36 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
     }
     plan.groups.push_back(std::move(g));
   }
+  const int64_t t = mask.q_len;
+  if (mask.q_len == mask.kv_len &&
+      t * t * static_cast<int64_t>(c10::elementSize(dtype)) <= kMaxDenseBiasBytes) {
+    const torch::Tensor all = torch::arange(t, torch::kInt64);
+    plan.dense_bias = torch::zeros({t, t}, torch::kFloat32)
+                          .masked_fill(rule(all, all).logical_not(),
+                                       -std::numeric_limits<float>::infinity())
+                          .to(device, dtype);
+  }
   return plan;
 }
 
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale) {
+  if (plan.UseDense(q.size(0)) && !q.is_cuda() && plan.dense_bias.scalar_type() == q.scalar_type()) {
+    // A row with no allowed key comes back 0 from the kernel, as the groups leave it.
+    return std::get<0>(
+        at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, plan.dense_bias, scale));
+  }
   torch::Tensor out = torch::zeros_like(q);
   for (const AttentionPlan::Group& g : plan.groups) {
-    const torch::Tensor qg = q.index_select(2, g.q_index);
+    const torch::Tensor qg = Gather(q, g.q_index, g.q_run);
     torch::Tensor o, lse;
     if (g.full_kv_index.numel() > 0) {
-      std::tie(o, lse) = FusedWithLse(qg, k.index_select(2, g.full_kv_index),
-                                      v.index_select(2, g.full_kv_index), scale);
+      std::tie(o, lse) = FusedWithLse(qg, Gather(k, g.full_kv_index, g.full_kv_run),
+                                      Gather(v, g.full_kv_index, g.full_kv_run), scale);
     }
     if (g.partial_kv_index.numel() > 0) {
-      auto [op, lp] = MaskedWithLse(qg, k.index_select(2, g.partial_kv_index),
-                                    v.index_select(2, g.partial_kv_index), g, scale);
+      auto [op, lp] = MaskedWithLse(qg, Gather(k, g.partial_kv_index, g.partial_kv_run),
+                                    Gather(v, g.partial_kv_index, g.partial_kv_run), g, scale);
       if (!o.defined()) {
         o = op;
       } else {
@@ -130,7 +181,11 @@ torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
         o = (o.to(torch::kFloat32) * wf + op.to(torch::kFloat32) * wp) / (wf + wp);
       }
     }
-    out.index_copy_(2, g.q_index, o.to(q.scalar_type()));
+    if (g.q_run.length > 0) {
+      out.narrow(2, g.q_run.start, g.q_run.length).copy_(o);
+    } else {
+      out.index_copy_(2, g.q_index, o.to(q.scalar_type()));
+    }
   }
   return out;
 }

@@ -15,22 +15,37 @@ namespace praxis::model {
 // reference path and fallback).
 enum class AttentionMode : int8_t { kSparse = 0, kDense = 1 };
 
+// A run of consecutive token indices [start, start + length): gathered as a view, never copied.
+struct TokenRun {
+  int64_t start = 0;
+  int64_t length = 0;
+};
+
 // The work of one layout's attention, derived once from its BlockMask and cached with it. Query
 // tiles with the same key-tile pattern form one group and run as one fused call; empty tiles are
-// never touched; full tiles run unmasked; only partial tiles carry a mask. Immutable; its tensors
-// live on the model's device.
+// never touched; full tiles run unmasked; only partial tiles carry a mask. Where every pair of a
+// short layout costs less than the groups' calls, the plan also holds the dense additive bias and
+// attention runs as one fused call. Immutable; its tensors live on the model's device.
 struct AttentionPlan {
   struct Group {
     torch::Tensor q_index;           // int64 [rows]: the group's query tokens
     torch::Tensor full_kv_index;     // int64 [full cols]: keys of its full tiles (may be empty)
     torch::Tensor partial_kv_index;  // int64 [partial cols]: keys of its partial tiles
+    // The same indices as runs where they are consecutive (length 0 where they are not, or empty).
+    TokenRun q_run, full_kv_run, partial_kv_run;
     torch::Tensor partial_mask;      // bool [rows, partial cols]: allowed pairs in partial tiles
     torch::Tensor partial_bias;      // the same as an additive 0 / -inf mask in the model dtype
     torch::Tensor partial_row_any;   // bool [rows]: the row has an allowed pair in partial tiles
   };
   std::vector<Group> groups;
   int64_t length = 0;
+  // [T, T] additive 0 / -inf bias in the attention dtype; defined only for short layouts (below).
+  torch::Tensor dense_bias;
+  int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
 
+  // Whether a batch of `rows` runs as one dense call: the groups' pairs plus a fixed cost per
+  // group call (gathers, two kernels, a merge) against every pair of the layout.
+  bool UseDense(int64_t rows) const;
   // Bytes of all index and mask tensors.
   int64_t nbytes() const;
 };
@@ -40,7 +55,12 @@ struct AttentionPlan {
 AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
                                  torch::ScalarType dtype);
 
-// softmax(q·kᵀ·scale)·v for q, k, v [B, H, T, hd] under `plan`; returns [B, H, T, hd] in q's dtype.
+// k or v [B, kvH, T, hd] repeated to [B, heads, T, hd]: kv head j serves the heads/kvH consecutive
+// query heads from j·heads/kvH. The input itself when kvH == heads.
+torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads);
+
+// softmax(q·kᵀ·scale)·v for q [B, H, T, hd] and k, v [B, kvH, T, hd] (kvH divides H; on CUDA
+// kvH == H) under `plan`; returns [B, H, T, hd] in q's dtype.
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale);
 

@@ -42,6 +42,11 @@ class WeightReader {
   std::string missing_;
 };
 
+// NormWeight of a weight that may be missing (the reader reports it).
+torch::Tensor NormWeightOf(const torch::Tensor& weight, double scale) {
+  return weight.defined() ? NormWeight(weight, scale) : weight;
+}
+
 TowerWeights ReadTower(WeightReader& get, const BackboneConfig& c, const TowerConfig& t,
                        const std::string& p, bool modulation) {
   TowerWeights w{get(p + "registers"),
@@ -56,17 +61,21 @@ TowerWeights ReadTower(WeightReader& get, const BackboneConfig& c, const TowerCo
     const std::string b = absl::StrCat(p, "blocks.", i, ".");
     BlockWeights bw;
     bw.scale = 1.0 / std::sqrt(static_cast<double>(i + 1));
-    bw.norm1 = get(b + "norm1.weight");
-    bw.norm2 = get(b + "norm2.weight");
-    bw.q = get(b + "mha.in_proj.q_weight");
-    bw.k = get(b + "mha.in_proj.k_weight");
-    bw.v = get(b + "mha.in_proj.v_weight");
+    bw.norm1 = NormWeightOf(get(b + "norm1.weight"), bw.scale);
+    bw.norm2 = NormWeightOf(get(b + "norm2.weight"), bw.scale);
     if (c.qk_norm) {
-      bw.q_norm = get(b + "mha.q_norm.weight");
-      bw.k_norm = get(b + "mha.k_norm.weight");
+      bw.q_norm = NormWeightOf(get(b + "mha.q_norm.weight"), 1.0);
+      bw.k_norm = NormWeightOf(get(b + "mha.k_norm.weight"), 1.0);
     }
-    bw.gate_w = get(b + "mha.gate.weight");
-    bw.gate_b = get(b + "mha.gate.bias");
+    // q, k, v and the gate read the same input: one matmul over their stacked rows.
+    const torch::Tensor q = get(b + "mha.in_proj.q_weight"), k = get(b + "mha.in_proj.k_weight"),
+                        v = get(b + "mha.in_proj.v_weight"), gate_w = get(b + "mha.gate.weight"),
+                        gate_b = get(b + "mha.gate.bias");
+    if (q.defined() && k.defined() && v.defined() && gate_w.defined() && gate_b.defined()) {
+      bw.qkvg_w = torch::cat({q, k, v, gate_w}, 0);
+      bw.qkvg_b = torch::cat({torch::zeros({q.size(0) + k.size(0) + v.size(0)}, gate_b.options()),
+                              gate_b});
+    }
     bw.out_w = get(b + "mha.out_proj.weight");
     bw.out_b = get(b + "mha.out_proj.bias");
     bw.moe = t.is_moe(i);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "model/cpu_kernels.h"
+
 namespace praxis::model {
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
@@ -10,15 +12,22 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNormWith(x, NormWeight(weight), eps);
+}
+
+torch::Tensor NormWeight(const torch::Tensor& weight, double scale) {
+  return (1.0 + weight.to(torch::kFloat32)) * scale;
+}
+
+torch::Tensor RmsNormWith(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  if (!x.is_cuda()) return cpu::RmsNorm(x, w, eps);
   const torch::Tensor xf = x.to(torch::kFloat32);
-  const torch::Tensor y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps) *
-                          (1.0 + weight.to(torch::kFloat32));
-  return y.to(x.scalar_type());
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps) * w).to(x.scalar_type());
 }
 
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
                        const torch::Tensor& scale, torch::ScalarType dtype) {
-  return (x.to(dtype) * scale.to(dtype) + shift.to(dtype)).to(x.scalar_type());
+  return torch::addcmul(shift.to(dtype), x.to(dtype), scale.to(dtype)).to(x.scalar_type());
 }
 
 torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs,

@@ -18,6 +18,14 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 // Zero-centred RMS norm: x·rsqrt(mean(x²) + eps)·(1 + weight) in float32, returned in x's dtype.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// The float32 multiplier RmsNormWith applies: (1 + weight)·scale, computed once at load (a block
+// folds its 1/sqrt(layer) scale in).
+torch::Tensor NormWeight(const torch::Tensor& weight, double scale = 1.0);
+
+// x·rsqrt(mean(x²) + eps)·w for w = NormWeight(...), in float32, returned in x's dtype (the fused
+// kernel of model/cpu_kernels.h on the CPU).
+torch::Tensor RmsNormWith(const torch::Tensor& x, const torch::Tensor& w, double eps);
+
 // x·scale + shift computed in `dtype`, returned in x's dtype.
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
                        const torch::Tensor& scale, torch::ScalarType dtype);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "model/attention.h"
+#include "model/cpu_kernels.h"
 
 namespace praxis::model {
 namespace {
@@ -22,45 +23,51 @@ std::pair<torch::Tensor, torch::Tensor> TimeModulation(const BackboneConfig& c,
   return {parts[0].to(mdt), 1.0 + parts[1].to(mdt)};
 }
 
-// Chunk k of tokens [B, K·chunk_tokens, dim] modulated with timesteps[:, k].
+// Chunk k of tokens [B, K·chunk_tokens, dim] modulated with timesteps[:, k] (broadcast over the
+// chunk's tokens, never repeated in memory).
 torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
                              const torch::Tensor& tokens, const torch::Tensor& timesteps,
                              int64_t chunk_tokens) {
-  auto [shift, scale] = TimeModulation(c, w, timesteps);
-  return Modulate(tokens, shift.repeat_interleave(chunk_tokens, 1),
-                  scale.repeat_interleave(chunk_tokens, 1), ModulationDtype(c));
+  auto [shift, scale] = TimeModulation(c, w, timesteps);  // [B, K, dim]
+  const int64_t b = tokens.size(0), k = timesteps.size(1);
+  return Modulate(tokens.reshape({b, k, chunk_tokens, -1}), shift.unsqueeze(2), scale.unsqueeze(2),
+                  ModulationDtype(c))
+      .view(tokens.sizes());
 }
 
 torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
                         const torch::Tensor& u_in) {
   const BackboneConfig& c = ctx.config;
-  const torch::Tensor u = u_in.to(bw.q.scalar_type());
-  const int64_t b = u.size(0), t = u.size(1), hd = c.head_dim();
-  torch::Tensor q = torch::linear(u, bw.q).view({b, t, c.num_heads, hd});
-  torch::Tensor k = torch::linear(u, bw.k).view({b, t, c.num_kv_heads, hd});
-  torch::Tensor v = torch::linear(u, bw.v).view({b, t, c.num_kv_heads, hd});
-  if (c.qk_norm) {
-    q = RmsNorm(q, bw.q_norm, c.norm_eps);
-    k = RmsNorm(k, bw.k_norm, c.norm_eps);
+  const int64_t b = u_in.size(0), t = u_in.size(1), hd = c.head_dim();
+  const int64_t h = c.num_heads, kvh = c.num_kv_heads;
+  const auto qkvg = Linear(u_in, bw.qkvg_w, bw.qkvg_b).split({h * hd, kvh * hd, kvh * hd, h}, -1);
+  // [B, heads, T, hd] after the qk norm and the rotary embedding.
+  auto heads = [&](const torch::Tensor& x, const torch::Tensor& norm) {
+    if (!x.is_cuda()) return cpu::NormRopeHeads(x, norm, c.norm_eps, ctx.rope.cos, ctx.rope.sin);
+    return ApplyRope(norm.defined() ? RmsNormWith(x, norm, c.norm_eps) : x, ctx.rope)
+        .transpose(1, 2);
+  };
+  torch::Tensor q = heads(qkvg[0].view({b, t, h, hd}), bw.q_norm);
+  torch::Tensor k = heads(qkvg[1].view({b, t, kvh, hd}), bw.k_norm);
+  torch::Tensor v = qkvg[2].view({b, t, kvh, hd}).transpose(1, 2);
+  if (ctx.mode == AttentionMode::kDense || q.is_cuda()) {
+    // These kernels want a k/v head per query head; the sparse CPU path shares them (GQA).
+    k = ExpandKvHeads(k, h);
+    v = ExpandKvHeads(v, h);
   }
-  // kv head j serves the `group` consecutive query heads j·group, ..., j·group + group - 1.
-  const int64_t group = c.num_heads / c.num_kv_heads;
-  q = ApplyRope(q, ctx.rope).transpose(1, 2);
-  k = ApplyRope(k, ctx.rope).transpose(1, 2).repeat_interleave(group, 1);
-  v = v.transpose(1, 2).repeat_interleave(group, 1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   torch::Tensor o = ctx.mode == AttentionMode::kSparse
                         ? SparseAttention(q, k, v, ctx.mask.plan, scale)
                         : DenseAttention(q, k, v, ctx.mask.dense, scale);
-  const torch::Tensor g = torch::sigmoid(Linear(u, bw.gate_w, bw.gate_b));
+  const torch::Tensor g = torch::sigmoid(qkvg[3]);
   o = (o.transpose(1, 2) * g.unsqueeze(-1)).reshape({b, t, c.num_heads * hd});
   return Linear(o, bw.out_w, bw.out_b);
 }
 
 torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tensor x) {
   const BackboneConfig& c = ctx.config;
-  x = x + Attention(ctx, bw, RmsNorm(x, bw.norm1, c.norm_eps) * bw.scale);
-  const torch::Tensor u = RmsNorm(x, bw.norm2, c.norm_eps) * bw.scale;
+  x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
+  const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
   return x + (bw.moe ? Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale)
                      : SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down));
 }
@@ -124,14 +131,14 @@ torch::Tensor RunDecoder(const DecoderWeights& w, const TowerContext& ctx,
   torch::Tensor x = torch::cat(
       {tw.registers.unsqueeze(0).expand({b, -1, -1}), v.to(tw.registers.scalar_type())}, 1);
   for (const BlockWeights& bw : tw.blocks) {
-    // The per-token modulation runs on the coarse grid, then repeats over each ph x pw patch.
-    const torch::Tensor mod = Linear(cond, bw.mod_w, bw.mod_b)
-                                  .repeat_interleave(ph, 2)
-                                  .repeat_interleave(pw, 3)
-                                  .reshape({b, kf * hh * ww, -1});
-    const auto sr = mod.split(c.dim, -1);
+    // The per-token modulation runs on the coarse grid and is broadcast over each ph x pw patch
+    // of the fine grid: token (f, row·ph + i, col·pw + j) reads (f, row, col).
+    const auto sr = Linear(cond, bw.mod_w, bw.mod_b).split(c.dim, -1);  // [B, KF, h, w, dim]
+    auto patches = [&](const torch::Tensor& m) { return m.to(mdt).unsqueeze(3).unsqueeze(5); };
     const torch::Tensor xv =
-        Modulate(x.narrow(1, r, kf * hh * ww), sr[0].to(mdt), 1.0 + sr[1].to(mdt), mdt);
+        Modulate(x.narrow(1, r, kf * hh * ww).reshape({b, kf, hh / ph, ph, ww / pw, pw, c.dim}),
+                 patches(sr[0]), 1.0 + patches(sr[1]), mdt)
+            .reshape({b, kf * hh * ww, c.dim});
     x = Block(ctx, bw, torch::cat({x.narrow(1, 0, r), xv}, 1));
   }
   torch::Tensor y =

@@ -17,7 +17,12 @@ namespace praxis::model {
 // One block's tensors; the FFN tensors are either the dense (ffn_*) or the MoE ones.
 struct BlockWeights {
   double scale = 1.0;  // 1 / sqrt(layer_index), layer_index counted from 1
-  torch::Tensor norm1, norm2, q, k, v, q_norm, k_norm, gate_w, gate_b, out_w, out_b;
+  // Norm multipliers as NormWeight gives them (float32; norm1 and norm2 with `scale` folded in).
+  torch::Tensor norm1, norm2, q_norm, k_norm;
+  torch::Tensor out_w, out_b;
+  // The q, k, v and gate projections stacked by output row ([H·hd | kvH·hd | kvH·hd | H]), with
+  // the gate's bias (zeros for q, k, v).
+  torch::Tensor qkvg_w, qkvg_b;
   bool moe = false;
   torch::Tensor ffn_a, ffn_b, ffn_down;
   MoeWeights moe_w;

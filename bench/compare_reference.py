@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The C++ StepRunner beside the PyTorch reference forward, on the same checkpoint and inputs.
+
+    compare_reference.py --step_bench build/bench/step_bench [--configs tiny,bench]
+        [--layouts small,medium,bench] [--dtypes float32,bfloat16] [--batches 1,8]
+        [--threads 2] [--repeats 5] [--json out.json]
+
+For each config: one checkpoint of deterministic random weights (tests/reference/make_tiny.py).
+For each (layout, batch): one step file of random float32 inputs. Each cell times the reference's
+forward in this process (inference mode, `--threads` intra-op threads, one untimed warm-up, then
+`--repeats` timed runs) and then step_bench (the server's StepRunner::Run, same threads, warm-up and
+repeats) in a child process, one after the other so that they never share the cores. Prints the
+CPU model and ISA flags and a table of medians with the ratio C++ / reference (< 0.5 is the issue's
+target). A benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+from make_tiny import Case, case_inputs, random_model, run_case, save_file  # noqa: E402
+from praxis_ref.backbone import torch_dtype  # noqa: E402
+
+# name -> (text L, h, w, K, F); the anchor grid is h x w (SPEC §2 layouts as praxis-load names them).
+LAYOUTS = {"small": (32, 6, 8, 2, 1), "medium": (48, 12, 16, 2, 2), "bench": (256, 30, 40, 4, 2)}
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU model and the ISA flags that decide bf16's speed (AMX tiles, AVX512-BF16)."""
+    model, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and not model.strip():
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ["amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"]
+    return {"model": model, "isa": [f for f in wanted if f in flags], "cores": os.cpu_count()}
+
+
+def write_checkpoint(model, config_path: str, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(config_path, "rb") as f, open(os.path.join(out, "config.json"), "wb") as g:
+        g.write(f.read())
+    tensors = {k: v.contiguous() for k, v in sorted(model.checkpoint_state_dict().items())}
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+
+
+def time_reference(model, x: dict[str, torch.Tensor], repeats: int) -> list[float]:
+    with torch.inference_mode():
+        run_case(model, x)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run_case(model, x)
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def time_cpp(step_bench: str, checkpoint: str, dtype: str, inputs: str, threads: int,
+             repeats: int) -> list[float]:
+    out = subprocess.run([step_bench, f"--checkpoint={checkpoint}", f"--dtype={dtype}",
+                          f"--inputs={inputs}", f"--threads={threads}", f"--repeats={repeats}"],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["times_ms"]
+
+
+def with_dtype(model, dtype: str):
+    """The reference model with its parameters (not its float32 buffers) in `dtype`."""
+    for p in model.parameters():
+        p.data = p.data.to(torch_dtype(dtype))
+    return model
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--step_bench", default=os.path.join(ROOT, "build", "bench", "step_bench"))
+    p.add_argument("--configs", default="tiny,bench")
+    p.add_argument("--layouts", default="small,medium,bench")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default="", help="also write the cells here")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    cpu = cpu_description()
+    print(f"CPU: {cpu['model']} | ISA: {' '.join(cpu['isa'])} | cores: {cpu['cores']} | "
+          f"threads: {a.threads} | repeats: {a.repeats} | torch {torch.__version__}", flush=True)
+    print(f"{'config':6} {'layout':6} {'dtype':8} {'B':>2} {'ref ms':>10} {'C++ ms':>10} "
+          f"{'C++/ref':>8}  (medians; spread = max/min of the repeats)", flush=True)
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in a.configs.split(","):
+            config_path = os.path.join(ROOT, "configs", f"{config}.json")
+            checkpoint = os.path.join(tmp, config)
+            write_checkpoint(random_model(config_path, a.seed), config_path, checkpoint)
+            for dtype in a.dtypes.split(","):
+                model = with_dtype(random_model(config_path, a.seed), dtype)
+                for layout in a.layouts.split(","):
+                    text, h, w, k, f = LAYOUTS[layout]
+                    for batch in (int(b) for b in a.batches.split(",")):
+                        case = Case(layout, batch=batch, chunks=k, frames=f, h=h, w=w, text=text)
+                        x = case_inputs(model, case, a.seed)
+                        inputs = os.path.join(tmp, f"{config}_{layout}_{batch}.safetensors")
+                        save_file(x, inputs)
+                        ref = time_reference(model, x, a.repeats)
+                        cpp = time_cpp(a.step_bench, checkpoint, dtype, inputs, a.threads, a.repeats)
+                        cell = {"config": config, "layout": layout, "dtype": dtype, "batch": batch,
+                                "ref_ms": ref, "cpp_ms": cpp, "ref_median_ms": statistics.median(ref),
+                                "cpp_median_ms": statistics.median(cpp)}
+                        cell["ratio"] = cell["cpp_median_ms"] / cell["ref_median_ms"]
+                        cells.append(cell)
+                        print(f"{config:6} {layout:6} {dtype:8} {batch:>2} "
+                              f"{cell['ref_median_ms']:>10.1f} {cell['cpp_median_ms']:>10.1f} "
+                              f"{cell['ratio']:>8.2f}  (spread ref {max(ref) / min(ref):.2f}, "
+                              f"C++ {max(cpp) / min(cpp):.2f})", flush=True)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "cells": cells}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

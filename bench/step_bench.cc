@@ -1,0 +1,78 @@
+// step_bench: times the server's StepRunner on one step file, for bench/compare_reference.py to put
+// beside the PyTorch reference's forward on the same checkpoint, inputs and thread count.
+// Prints one JSON line: {"times_ms": [...], "median_ms": m}. Not a test: nothing is asserted.
+
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "model/model_loader.h"
+#include "model/step_io.h"
+#include "model/step_runner.h"
+
+ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
+ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
+ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, timesteps, ...)");
+ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
+ABSL_FLAG(int32_t, repeats, 5, "timed runs (after one untimed warm-up run)");
+ABSL_FLAG(std::string, profile, "",
+          "also write a chrome trace of one more run here (LibTorch's profiler; summarise it with "
+          "bench/profile_summary.py)");
+
+namespace praxis::model {
+namespace {
+
+absl::Status Run() {
+  torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  ModelSource source;
+  source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  source.dtype = absl::GetFlag(FLAGS_dtype);
+  PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
+  BackboneStepRunner runner(std::move(loaded.model));
+  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0));
+  PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());  // warm-up: builds the layout's masks
+  std::vector<double> times;
+  for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  if (!absl::GetFlag(FLAGS_profile).empty()) {
+    torch::autograd::profiler::RecordProfile trace(absl::GetFlag(FLAGS_profile));
+    PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  std::cout << "{\"times_ms\": [" << absl::StrJoin(times, ", ")
+            << "], \"median_ms\": " << sorted[sorted.size() / 2] << "}" << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace praxis::model
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_repeats) < 1) {
+    std::cerr << "--repeats: expected at least 1\n";
+    return 2;
+  }
+  const absl::Status s = praxis::model::Run();
+  if (!s.ok()) {
+    std::cerr << s << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,24 @@
+#pragma once
+
+// Fused CPU kernels for the memory-bound steps of a block: each reads its input once and writes
+// its output once, where the same math as ATen ops takes five to eight passes (and on small
+// layouts most of a step's time). Float32 arithmetic whatever the storage dtype, as SPEC §5 asks.
+// Stateless and thread-safe; they run on LibTorch's intra-op threads (at::parallel_for).
+
+#include <torch/types.h>
+
+namespace praxis::model::cpu {
+
+// x · rsqrt(mean(x²) + eps) · weight over the last dimension. x: a CPU float tensor (float32,
+// bfloat16 or float16) of any shape; weight: float32 [x.size(-1)], the model's (1 + w) already
+// multiplied by any block scale. Returns a contiguous tensor of x's shape and dtype.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// Query or key heads into the layout attention reads: x [B, T, H, hd] (any strides, last one 1)
+// is RMS-normalised over hd with `weight` (float32 [hd], the (1 + w); skipped when undefined),
+// rotated with the rotate-half tables cos, sin (float32 [T, hd]) and written as a contiguous
+// [B, H, T, hd] tensor of x's dtype.
+torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                            const torch::Tensor& cos, const torch::Tensor& sin);
+
+}  // namespace praxis::model::cpu
