@@ -39,6 +39,14 @@ def main() -> None:
     for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: a.top]:
         print(f"{name[:48]:48} {t / 1e3:9.2f} {t / whole:6.1%} {n:6d}")
     print(f"{'all ops':48} {whole / 1e3:9.2f}")
+    inclusive: dict[str, float] = collections.defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and e["name"].startswith("praxis::"):
+            inclusive[e["name"]] += e["dur"]
+    if inclusive:
+        print(f"\n{'praxis:: scope (inclusive)':48} {'ms':>9} {'share':>6}")
+        for name, t in sorted(inclusive.items(), key=lambda kv: -kv[1]):
+            print(f"{name:48} {t / 1e3:9.2f} {t / whole:6.1%}")
 
 
 if __name__ == "__main__":

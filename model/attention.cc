@@ -90,8 +90,9 @@ torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads) {
 
 bool AttentionPlan::UseDense(int64_t rows) const {
   if (!dense_bias.defined()) return false;
+  // Measured: the groups' gathers and merges grow with their rows too, so their pairs count twice.
   const int64_t groups_cost =
-      rows * group_pairs + static_cast<int64_t>(groups.size()) * kGroupCallPairs;
+      2 * rows * group_pairs + static_cast<int64_t>(groups.size()) * kGroupCallPairs;
   return rows * length * length <= groups_cost;
 }
 

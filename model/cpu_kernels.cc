@@ -2,6 +2,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -33,14 +34,27 @@ PRAXIS_ISA_CLONES void ScaleRow(float* x, const float* w, float r, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * w[i];
 }
 
-// y = x·cos + rotate_half(x)·sin with rotate_half(x) = [-x₂, x₁].
-PRAXIS_ISA_CLONES void RopeRow(const float* x, const float* cos, const float* sin, float* y,
-                               int64_t hd) {
+// `heads` rows of hd floats of one token, in place: each RMS-normalised with w (when not null),
+// then y = x·cos + rotate_half(x)·sin with rotate_half(x) = [-x₂, x₁] and the token's cos, sin.
+PRAXIS_ISA_CLONES void NormRopeToken(float* x, int64_t heads, int64_t hd, const float* w,
+                                     float eps, const float* cos, const float* sin) {
   const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* r = x + h * hd;
+    if (w != nullptr) {
+      float ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < hd; ++i) ss += r[i] * r[i];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < half; ++i) {
-    y[i] = x[i] * cos[i] - x[i + half] * sin[i];
-    y[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+      for (int64_t i = 0; i < hd; ++i) r[i] = r[i] * inv * w[i];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = r[i], b = r[i + half];
+      r[i] = a * cos[i] - b * sin[i];
+      r[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
   }
 }
 
@@ -77,6 +91,7 @@ torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, do
   TORCH_CHECK(!x_in.is_cuda() && weight.scalar_type() == torch::kFloat32 &&
                   weight.numel() == x_in.size(-1),
               "cpu::RmsNorm: expected a CPU tensor and a float32 weight of its last dimension");
+  RECORD_FUNCTION("praxis::rms_norm", std::vector<c10::IValue>());
   const torch::Tensor x = x_in.contiguous();
   const torch::Tensor w = weight.contiguous();
   torch::Tensor y = torch::empty_like(x);
@@ -108,6 +123,7 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
   TORCH_CHECK(!weight.defined() || (weight.scalar_type() == torch::kFloat32 &&
                                     weight.is_contiguous() && weight.numel() == hd),
               "cpu::NormRopeHeads: expected a float32 norm weight [hd]");
+  RECORD_FUNCTION("praxis::norm_rope_heads", std::vector<c10::IValue>());
   torch::Tensor y = torch::empty({b, h, t, hd}, x.options());
   const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "NormRope", [&] {
@@ -118,14 +134,15 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
     const float* sp = sin.data_ptr<float>();
     at::parallel_for(0, b * t, std::max<int64_t>(1, kGrainElements / (h * hd)), [&](int64_t a,
                                                                                   int64_t e) {
-      std::vector<float> in(hd), out(hd);
+      std::vector<float> buf(h * hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         for (int64_t hi = 0; hi < h; ++hi) {
-          Load(src + bi * sb + ti * st + hi * sh, in.data(), hd);
-          if (wp != nullptr) NormalizeRow(in.data(), wp, hd, eps);
-          RopeRow(in.data(), cp + ti * hd, sp + ti * hd, out.data(), hd);
-          Store(out.data(), dst + ((bi * h + hi) * t + ti) * hd, hd);
+          Load(src + bi * sb + ti * st + hi * sh, buf.data() + hi * hd, hd);
+        }
+        NormRopeToken(buf.data(), h, hd, wp, static_cast<float>(eps), cp + ti * hd, sp + ti * hd);
+        for (int64_t hi = 0; hi < h; ++hi) {
+          Store(buf.data() + hi * hd, dst + ((bi * h + hi) * t + ti) * hd, hd);
         }
       }
     });

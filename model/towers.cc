@@ -3,6 +3,8 @@
 #include <cmath>
 #include <utility>
 
+#include <ATen/record_function.h>
+
 #include "model/attention.h"
 #include "model/cpu_kernels.h"
 
@@ -37,6 +39,7 @@ torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
 
 torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
                         const torch::Tensor& u_in) {
+  RECORD_FUNCTION("praxis::attention", std::vector<c10::IValue>());
   const BackboneConfig& c = ctx.config;
   const int64_t b = u_in.size(0), t = u_in.size(1), hd = c.head_dim();
   const int64_t h = c.num_heads, kvh = c.num_kv_heads;
@@ -56,9 +59,12 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
     v = ExpandKvHeads(v, h);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  torch::Tensor o = ctx.mode == AttentionMode::kSparse
-                        ? SparseAttention(q, k, v, ctx.mask.plan, scale)
-                        : DenseAttention(q, k, v, ctx.mask.dense, scale);
+  torch::Tensor o;
+  {
+    RECORD_FUNCTION("praxis::attention_core", std::vector<c10::IValue>());
+    o = ctx.mode == AttentionMode::kSparse ? SparseAttention(q, k, v, ctx.mask.plan, scale)
+                                           : DenseAttention(q, k, v, ctx.mask.dense, scale);
+  }
   const torch::Tensor g = torch::sigmoid(qkvg[3]);
   o = (o.transpose(1, 2) * g.unsqueeze(-1)).reshape({b, t, c.num_heads * hd});
   return Linear(o, bw.out_w, bw.out_b);
@@ -68,6 +74,7 @@ torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tens
   const BackboneConfig& c = ctx.config;
   x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
   const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
+  RECORD_FUNCTION(bw.moe ? "praxis::moe" : "praxis::ffn", std::vector<c10::IValue>());
   return x + (bw.moe ? Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale)
                      : SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down));
 }
