@@ -5,12 +5,19 @@
 
 #include <utility>
 
+#include "model/intra_op_threads.h"
+
 namespace praxis::model {
 
-BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model)
-    : model_(std::move(model)) {}
+BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model, int intra_op_threads)
+    : model_(std::move(model)), intra_op_threads_(intra_op_threads) {}
 
 absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) {
+  thread_local int applied = 0;
+  if (intra_op_threads_ > 0 && applied != intra_op_threads_) {
+    SetIntraOpThreadsOfThisThread(intra_op_threads_);
+    applied = intra_op_threads_;
+  }
   StepInputs in = batch;
   const torch::Device dev = model_->options().device;
   try {

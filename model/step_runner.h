@@ -36,7 +36,9 @@ class StepRunner {
 // CUDA, and outputs come back to the host.
 class BackboneStepRunner : public StepRunner {
  public:
-  explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model);
+  // `intra_op_threads` > 0: a thread's first Run raises that thread's LibTorch intra-op threads to
+  // it (model/intra_op_threads.h); 0 leaves every thread's count as it is.
+  explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, int intra_op_threads = 0);
 
   const BackboneConfig& config() const override { return model_->config(); }
   absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) override;
@@ -47,6 +49,7 @@ class BackboneStepRunner : public StepRunner {
 
  private:
   std::unique_ptr<VideoBackbone> model_;
+  const int intra_op_threads_;
 };
 
 }  // namespace praxis::model

@@ -7,6 +7,7 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -156,7 +157,11 @@ v1::ModelInfo PraxisServer::Info() const {
 
 absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
   model::StepInputs in = model::SyntheticStep(runner_->config(), layout, 1, /*seed=*/0);
-  PRAXIS_RETURN_IF_ERROR(runner_->Run(in).status());
+  // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
+  // the batcher's worker stays the only thread holding one (model/intra_op_threads.h).
+  absl::Status warm;
+  std::thread([&] { warm = runner_->Run(in).status(); }).join();
+  PRAXIS_RETURN_IF_ERROR(warm);
   if (drained_) return absl::OkStatus();
   service_->SetAccepting(true);
   health_->SetServing(true);

@@ -13,7 +13,7 @@ namespace praxis::batching {
 // The batcher's knobs. Defaults suit a CPU server on the tiny model.
 struct BatchOptions {
   int64_t max_batch_rows = 8;                              // a batch closes at this many rows
-  absl::Duration max_queue_delay = absl::Milliseconds(5);  // ... or this long after its oldest
+  absl::Duration max_queue_delay = absl::ZeroDuration();  // ... or this long after its oldest
   int64_t max_queue_requests = 1024;                       // total queued, all keys
   int64_t max_queue_bytes = int64_t{1} << 30;              // total queued bytes, all keys
   // A batch closes before its tasks' summed Task::cost() would exceed this; a single task over it

@@ -1,0 +1,24 @@
+#pragma once
+
+// Where LibTorch's intra-op parallelism runs in a server: on the model's worker thread only.
+//
+// LibTorch's CPU ops and MKL's GEMMs run on OpenMP, and every thread that runs a parallel region
+// keeps its own team. libgomp lets a team spin between regions only while it manages no more
+// threads than there are CPUs; past that it sleeps and wakes through futexes at every op. With the
+// intra-op count set process-wide, the main thread (loading), gRPC's threads (decoding, checks)
+// and the batcher each grew a team, and a 2-core server at --threads=2 spent 36 % of its time in
+// futex wake/wait, its step taking 12 ms against 4 ms in a single-threaded process (docs/
+// benchmarks.md). So every thread defaults to one intra-op thread, and the thread that runs the
+// model raises its own count.
+
+namespace praxis::model {
+
+// Makes the calling thread, and every thread that runs its first LibTorch op later, use one
+// intra-op thread. Call once, first thing in main, before any LibTorch work. Not thread-safe.
+void DefaultToOneIntraOpThread();
+
+// Makes LibTorch ops and MKL GEMMs on the calling thread use `threads` intra-op threads (its own
+// OpenMP team); other threads keep theirs. threads >= 1.
+void SetIntraOpThreadsOfThisThread(int threads);
+
+}  // namespace praxis::model
