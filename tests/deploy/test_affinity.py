@@ -73,7 +73,8 @@ def step_args(layout):
     return tiny_inputs(text_len=text_len, h=h, w=w, k=k, f=f)
 
 
-Counts = collections.namedtuple("Counts", "ok unavailable masks")
+# Step calls answered OK and UNAVAILABLE, Session steps answered OK, masks built (cache misses).
+Counts = collections.namedtuple("Counts", "ok unavailable session masks")
 
 
 def sample(text, name, **labels):
@@ -108,6 +109,7 @@ class Fleet:
             out[i] = Counts(sample(text, "praxis_requests_total", method="Step", code="OK"),
                             sample(text, "praxis_requests_total", method="Step",
                                    code="UNAVAILABLE"),
+                            sample(text, "praxis_requests_total", method="Session", code="OK"),
                             sample(text, "praxis_mask_cache_misses_total"))
         return out
 
@@ -218,6 +220,22 @@ def test_each_layout_lands_on_one_replica(fleet, placement, capsys):
            "distinct layouts")
     used = {landed(d)[0] for d in rows.values()}
     assert len(used) > 1, f"all {len(rows)} layouts hashed onto one replica: is the key the header?"
+
+
+def test_a_session_follows_its_layout(fleet, placement):
+    """A robot's Session stream, opened with its layout's header, goes through nginx (HTTP/2 both
+    ways, messages in both directions) to the replica its layout's steps go to."""
+    homes = {k: landed(delta) for k, delta in placement["rows"].items()}
+    key = next(k for k, h in homes.items() if h and h[0] in fleet.live)  # the first still served
+    layout, home = placement["layouts"][key], homes[key][0]
+
+    before = {i: c.session for i, c in fleet.counts().items()}
+    with fleet.client.session(timeout=30, layout=key) as s:
+        for _ in range(3):
+            assert s.step(**step_args(layout)).layout_key == key
+    after = {i: c.session for i, c in fleet.counts().items()}
+    assert {i: after[i] - before[i] for i in after if after[i] != before[i]} == {home: 3}, \
+        f"session steps of {key} by replica: {before} -> {after}; its steps go to r{home}"
 
 
 def test_calls_without_the_header_are_spread(fleet):
@@ -348,7 +366,9 @@ def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement
     assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
         f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
     client_ok = len(load.done) + 2 * len(layouts)
-    fleet_ok = sum(end[i].ok - start[i].ok for i in fleet.live) + answered - start[victim].ok
+    # The stop line counts Session steps too.
+    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered - start[victim].ok
+                - start[victim].session)
     assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
     calls = [c for c in fleet.nginx.access_log()[first_call:] if c["uri"].endswith("/Step")]
     refused = [c for c in calls if c["grpc"] != 0]
