@@ -26,6 +26,7 @@ CLI = os.environ.get("PRAXIS_CLI_BIN", os.path.join(SRC, "build", "client", "pra
 # Nothing of the source tree may leak into the installed package's processes.
 _SOURCE_TREE_ENV = ("PYTHONPATH", "PRAXIS_PROTO_DIR", "PRAXIS_PY_STUBS", "VIRTUAL_ENV",
                     "PYTHONHOME")
+_SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def show(capsys, title, text):
@@ -42,6 +43,9 @@ class Venv:
         self.root = str(root)
         self.bin = os.path.join(self.root, "venv", "bin")
         self.env = {k: v for k, v in os.environ.items() if k not in _SOURCE_TREE_ENV}
+        # As scripts/setup.sh: pip trusts the system's CA store (a TLS-intercepting proxy's CA).
+        if "PIP_CERT" not in self.env and os.path.isfile(_SYSTEM_CAS):
+            self.env["PIP_CERT"] = _SYSTEM_CAS
 
     def run(self, program, *args, timeout=300, env=None):
         return subprocess.run([os.path.join(self.bin, program), *args], cwd=self.root,
