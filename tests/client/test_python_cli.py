@@ -32,10 +32,12 @@ def py_cli(*args, timeout=120):
 
 
 def cpp_cli(*args, timeout=120):
+    """praxis-cli `args`, for the answers python -m praxis_client must match."""
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def metadata(path):
+    """The string metadata of the safetensors file `path`."""
     with safe_open(str(path), framework="numpy") as f:
         return f.metadata()
 

@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _health(client: Client, args) -> None:
+    """Prints the health of --service; _ServerError unless SERVING."""
     status = client.health(args.service)
     print(status)
     if status != "SERVING":
@@ -84,6 +85,7 @@ def _health(client: Client, args) -> None:
 
 
 def _info(client: Client, args) -> None:
+    """Prints the ModelInfo as praxis-cli does, or as JSON with --json."""
     i = client.info()
     if args.json:
         from google.protobuf import json_format
@@ -115,6 +117,7 @@ def _step_inputs(client: Client, args) -> dict:
 
 
 def _rope_shifts(text: str) -> list:
+    """--rope_shifts as four integers; ValueError naming the flag otherwise."""
     try:
         shifts = [int(s) for s in text.split(",")]
     except ValueError:
@@ -125,6 +128,7 @@ def _rope_shifts(text: str) -> list:
 
 
 def _step(client: Client, args) -> None:
+    """One step; its outputs written to --out, a summary line printed."""
     if not args.out:
         raise ValueError("--out: missing; give the safetensors file for the outputs")
     inputs = _step_inputs(client, args)
