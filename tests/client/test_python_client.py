@@ -52,6 +52,13 @@ def test_health_and_info(client):
     assert "tap.1" in info.outputs
 
 
+def test_stubs_live_under_praxis_client():
+    """The generated modules are praxis_client._proto's: nothing claims a top-level `praxis`."""
+    assert pb.__name__ == "praxis_client._proto.praxis_pb2"
+    assert pb.StepRequest.__module__ == pb.__name__
+    assert [m for m in sys.modules if m == "praxis" or m.startswith("praxis.")] == []
+
+
 def test_unavailable_is_retried_then_raised():
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
