@@ -99,6 +99,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write the cells here")
+    p.add_argument("--reuse_reference", default="",
+                   help="take the reference's times from this earlier --json (same CPU model, "
+                        "threads and seed) instead of timing it again: the reference does not "
+                        "change, and at the bench layout it takes ~30 s a forward")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     cpu = cpu_description()
@@ -107,6 +111,13 @@ def main() -> int:
     print(f"{'config':6} {'layout':6} {'dtype':8} {'B':>2} {'ref ms':>10} {'C++ ms':>10} "
           f"{'C++/ref':>8}  (medians; spread = max/min of the repeats)", flush=True)
     cells = []
+    reused = {}
+    if a.reuse_reference:
+        with open(a.reuse_reference, encoding="utf-8") as f:
+            earlier = json.load(f)
+        if earlier["cpu"]["model"] != cpu["model"] or earlier["threads"] != a.threads:
+            sys.exit(f"--reuse_reference: expected a run on {cpu['model']} with {a.threads} threads")
+        reused = {(c["config"], c["layout"], c["dtype"], c["batch"]): c["ref_ms"] for c in earlier["cells"]}
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs.split(","):
             config_path = os.path.join(ROOT, "configs", f"{config}.json")
@@ -121,9 +132,10 @@ def main() -> int:
                         x = case_inputs(model, case, a.seed)
                         inputs = os.path.join(tmp, f"{config}_{layout}_{batch}.safetensors")
                         save_file(x, inputs)
-                        ref = time_reference(model, x, a.repeats)
+                        ref = reused.get((config, layout, dtype, batch)) or time_reference(model, x, a.repeats)
                         cpp = time_cpp(a.step_bench, checkpoint, dtype, inputs, a.threads, a.repeats)
                         cell = {"config": config, "layout": layout, "dtype": dtype, "batch": batch,
+                                "ref_reused": (config, layout, dtype, batch) in reused,
                                 "ref_ms": ref, "cpp_ms": cpp, "ref_median_ms": statistics.median(ref),
                                 "cpp_median_ms": statistics.median(cpp)}
                         cell["ratio"] = cell["cpp_median_ms"] / cell["ref_median_ms"]
@@ -131,7 +143,8 @@ def main() -> int:
                         print(f"{config:6} {layout:6} {dtype:8} {batch:>2} "
                               f"{cell['ref_median_ms']:>10.1f} {cell['cpp_median_ms']:>10.1f} "
                               f"{cell['ratio']:>8.2f}  (spread ref {max(ref) / min(ref):.2f}, "
-                              f"C++ {max(cpp) / min(cpp):.2f})", flush=True)
+                              f"C++ {max(cpp) / min(cpp):.2f})"
+                              f"{' ref from --reuse_reference' if cell['ref_reused'] else ''}", flush=True)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "cells": cells}, f, indent=1)

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "model/cpu_runtime.h"
 #include "model/model_loader.h"
 #include "model/step_io.h"
 #include "model/step_runner.h"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  praxis::model::KeepFreedMemoryForReuse();  // as praxis-server does
   absl::Status s;
   if (absl::GetFlag(FLAGS_worker_thread)) {
     std::thread([&] { s = praxis::model::Run(); }).join();

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "model/intra_op_threads.h"
+#include "model/cpu_runtime.h"
 
 namespace praxis::model {
 

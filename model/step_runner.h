@@ -37,7 +37,7 @@ class StepRunner {
 class BackboneStepRunner : public StepRunner {
  public:
   // `intra_op_threads` > 0: a thread's first Run raises that thread's LibTorch intra-op threads to
-  // it (model/intra_op_threads.h); 0 leaves every thread's count as it is.
+  // it (model/cpu_runtime.h); 0 leaves every thread's count as it is.
   explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, int intra_op_threads = 0);
 
   const BackboneConfig& config() const override { return model_->config(); }

@@ -23,7 +23,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
-#include "model/intra_op_threads.h"
+#include "model/cpu_runtime.h"
 #include "model/model_loader.h"
 #include "model/step_io.h"
 #include "model/step_runner.h"
@@ -178,10 +178,11 @@ absl::Status WritePortFile(const std::string& path, int port, int metrics_port) 
 absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   // LibTorch's default count (the cores), taken before every thread is set to one: only the
-  // batcher's worker runs the model with more (model/intra_op_threads.h).
+  // batcher's worker runs the model with more (model/cpu_runtime.h).
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
   model::DefaultToOneIntraOpThread();
+  model::KeepFreedMemoryForReuse();
   PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout warmup,
                           model::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
   model::BackboneOptions backbone;

@@ -158,7 +158,7 @@ v1::ModelInfo PraxisServer::Info() const {
 absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
   model::StepInputs in = model::SyntheticStep(runner_->config(), layout, 1, /*seed=*/0);
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
-  // the batcher's worker stays the only thread holding one (model/intra_op_threads.h).
+  // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;
   std::thread([&] { warm = runner_->Run(in).status(); }).join();
   PRAXIS_RETURN_IF_ERROR(warm);

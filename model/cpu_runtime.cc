@@ -1,6 +1,7 @@
-#include "model/intra_op_threads.h"
+#include "model/cpu_runtime.h"
 
 #include <ATen/Parallel.h>
+#include <malloc.h>
 
 // LibTorch's wheel links libgomp and exports MKL's per-thread setter; neither has a header there.
 extern "C" void omp_set_num_threads(int threads);
@@ -20,6 +21,11 @@ void SetIntraOpThreadsOfThisThread(int threads) {
   (void)at::get_num_threads();
   omp_set_num_threads(threads);
   MKL_Set_Num_Threads_Local(threads);
+}
+
+void KeepFreedMemoryForReuse() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest; fixing it also stops its adjustment
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 }  // namespace praxis::model

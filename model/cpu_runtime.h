@@ -1,7 +1,9 @@
 #pragma once
 
-// Where LibTorch's intra-op parallelism runs in a server: on the model's worker thread only.
+// Process settings for running LibTorch on CPUs in a server: where intra-op parallelism runs, and
+// how freed memory is kept.
 //
+// Intra-op parallelism runs on the model's worker thread only.
 // LibTorch's CPU ops and MKL's GEMMs run on OpenMP, and every thread that runs a parallel region
 // keeps its own team. libgomp lets a team spin between regions only while it manages no more
 // threads than there are CPUs; past that it sleeps and wakes through futexes at every op. With the
@@ -20,5 +22,11 @@ void DefaultToOneIntraOpThread();
 // Makes LibTorch ops and MKL GEMMs on the calling thread use `threads` intra-op threads (its own
 // OpenMP team); other threads keep theirs. threads >= 1.
 void SetIntraOpThreadsOfThisThread(int threads);
+
+// Keeps freed blocks of up to 32 MiB in the heap for the next step instead of returning them to
+// the kernel: a step allocates and frees the same activation sizes every time, and glibc's default
+// (mmap above a moving threshold, trimming the heap top) made each reuse page-fault again — 9 % of
+// a batch of 8 small-layout steps (docs/benchmarks.md). Call once at start-up. Not thread-safe.
+void KeepFreedMemoryForReuse();
 
 }  // namespace praxis::model

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Served throughput under closed-loop load: praxis-server and praxis-load on loopback.
+
+    serve_load.py [--build build] [--configs tiny,bench] [--layouts small,medium] [--callers 1,8]
+        [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--json out.json]
+
+For each (config, batching) one server process (the embedded tiny model, or configs/bench.json
+with deterministic random weights; batching off is --max_batch_size=1); for each (layout, callers)
+`--repeats` praxis-load runs of `--duration` seconds after a 2 s warm-up. Prints the CPU model, and
+per cell the median steps/s, the spread (max / min over the repeats), the median server CPU % (of
+one core, from /proc over the measured window) and the server's compute and queue p50. A benchmark,
+not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from compare_reference import LAYOUTS, cpu_description  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(build: str, config: str, batch: int, threads: int, tmp: str) -> tuple[subprocess.Popen, int]:
+    port_file = os.path.join(tmp, f"port.{time.monotonic_ns()}")
+    cmd = [os.path.join(build, "server", "praxis-server"), "--port=0", f"--port_file={port_file}",
+           "--metrics_port=-1", f"--max_batch_size={batch}", f"--threads={threads}"]
+    if config != "tiny":
+        cmd.append(f"--config={os.path.join(ROOT, 'configs', config + '.json')}")
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        if os.path.exists(port_file):
+            with open(port_file, encoding="utf-8") as f:
+                return server, json.load(f)["port"]
+        if server.poll() is not None:
+            sys.exit(f"praxis-server exited with {server.returncode}: {' '.join(cmd)}")
+        time.sleep(0.1)
+    server.kill()
+    sys.exit("praxis-server did not write its port file in 60 s")
+
+
+def run_load(build: str, port: int, layout: str, callers: int, duration: float, pid: int,
+             tmp: str) -> dict:
+    report = os.path.join(tmp, "load.json")
+    text, h, w, k, f = LAYOUTS[layout]
+    load = subprocess.Popen(
+        [os.path.join(build, "client", "praxis-load"), f"--address=127.0.0.1:{port}",
+         f"--concurrency={callers}", f"--mix={text},{h},{w},{k},{f}", "--warmup=2s",
+         f"--duration={duration}s", f"--json={report}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.2)  # the warm-up
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(duration * 0.9)
+    c1, t1 = cpu_seconds(pid), time.monotonic()
+    _, err = load.communicate(timeout=duration * 10 + 120)
+    if load.returncode != 0:
+        sys.exit(f"praxis-load failed: {err.strip()}")
+    with open(report, encoding="utf-8") as f:
+        r = json.load(f)
+    return {"rps": r["throughput_rps"], "cpu_pct": 100 * (c1 - c0) / (t1 - t0),
+            "compute_p50_ms": r["server_compute_ms"]["p50"], "queue_p50_ms": r["server_queue_ms"]["p50"],
+            "errors": r["errors"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--configs", default="tiny,bench")
+    p.add_argument("--layouts", default="small,medium")
+    p.add_argument("--callers", default="1,8")
+    p.add_argument("--batching", default="on,off")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--threads", type=int, default=0, help="server --threads (0: the cores)")
+    p.add_argument("--json", default="")
+    a = p.parse_args()
+    cpu = cpu_description()
+    print(f"CPU: {cpu['model']} | ISA: {' '.join(cpu['isa'])} | cores: {cpu['cores']} | "
+          f"repeats: {a.repeats} x {a.duration:g} s", flush=True)
+    print(f"{'config':6} {'layout':6} {'batch':5} {'callers':>7} {'steps/s':>8} {'spread':>6} "
+          f"{'CPU%':>5} {'compute':>8} {'queue':>7}  (medians; compute/queue: server p50 ms)", flush=True)
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in a.configs.split(","):
+            for batching in a.batching.split(","):
+                server, port = start_server(a.build, config, 8 if batching == "on" else 1, a.threads, tmp)
+                try:
+                    for layout in a.layouts.split(","):
+                        for callers in (int(c) for c in a.callers.split(",")):
+                            runs = [run_load(a.build, port, layout, callers, a.duration, server.pid, tmp)
+                                    for _ in range(a.repeats)]
+                            rps = [r["rps"] for r in runs]
+                            cell = {"config": config, "layout": layout, "batching": batching,
+                                    "callers": callers, "runs": runs, "rps_median": statistics.median(rps),
+                                    "rps_spread": max(rps) / min(rps),
+                                    "cpu_pct_median": statistics.median(r["cpu_pct"] for r in runs)}
+                            cells.append(cell)
+                            print(f"{config:6} {layout:6} {batching:5} {callers:>7} {cell['rps_median']:>8.1f} "
+                                  f"{cell['rps_spread']:>6.2f} {cell['cpu_pct_median']:>5.0f} "
+                                  f"{statistics.median(r['compute_p50_ms'] for r in runs):>8.1f} "
+                                  f"{statistics.median(r['queue_p50_ms'] for r in runs):>7.1f}", flush=True)
+                finally:
+                    server.terminate()
+                    server.wait(timeout=30)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"cpu": cpu, "threads": a.threads, "cells": cells}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
