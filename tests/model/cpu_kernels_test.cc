@@ -1,0 +1,123 @@
+// The fused CPU kernels against the ATen formulas they replace, the attention plan's two CPU paths
+// (one dense call with the cached bias, and the tile groups) against dense SDPA, and the
+// per-thread intra-op setting.
+
+#include "model/cpu_kernels.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "model/attention.h"
+#include "model/cpu_runtime.h"
+#include "model/layers.h"
+#include "model/masks.h"
+
+namespace praxis::model {
+namespace {
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>();
+}
+
+// The zero-centred RMS norm as SPEC §5 and the reference write it.
+torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps) * (1.0 + w)).to(x.scalar_type());
+}
+
+TEST(CpuKernelsTest, RmsNormEqualsTheAtenFormulaInEveryDtype) {
+  torch::manual_seed(0);
+  const torch::Tensor w = torch::randn({48});
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    const torch::Tensor x = (3 * torch::randn({2, 37, 48})).to(dt);
+    const torch::Tensor got = cpu::RmsNorm(x, NormWeight(w), 1e-6);
+    EXPECT_EQ(got.scalar_type(), dt);
+    EXPECT_EQ(got.sizes(), x.sizes());
+    // One rounding of the result in bf16/fp16 may land one unit apart.
+    EXPECT_LE(MaxAbsDiff(got, AtenRmsNorm(x, w, 1e-6)), dt == torch::kFloat32 ? 1e-5 : 0.05)
+        << dt;
+  }
+}
+
+TEST(CpuKernelsTest, NormRopeHeadsEqualsNormThenRotaryThenTranspose) {
+  torch::manual_seed(1);
+  const int64_t b = 2, t = 19, h = 3, hd = 16;
+  // A strided view, as the heads are when sliced from the stacked q|k|v|gate projection.
+  const torch::Tensor packed = torch::randn({b, t, 2 * h * hd + 5});
+  const torch::Tensor x = packed.narrow(2, 5, h * hd).view({b, t, h, hd});
+  const torch::Tensor w = torch::randn({hd});
+  const RopeTables rope =
+      MakeRopeTables(VideoPositions(1, t, 1, 7) * 31, hd, 10000.0, torch::kCPU);
+  const torch::Tensor want =
+      ApplyRope(AtenRmsNorm(x, w, 1e-6), rope).transpose(1, 2).contiguous();
+  const torch::Tensor got = cpu::NormRopeHeads(x, NormWeight(w), 1e-6, rope.cos, rope.sin);
+  EXPECT_TRUE(got.is_contiguous());
+  EXPECT_EQ(got.sizes(), torch::IntArrayRef({b, h, t, hd}));
+  EXPECT_LE(MaxAbsDiff(got, want), 1e-5);
+  // Without a norm weight: rotary only.
+  const torch::Tensor plain = cpu::NormRopeHeads(x, {}, 1e-6, rope.cos, rope.sin);
+  EXPECT_LE(MaxAbsDiff(plain, ApplyRope(x, rope).transpose(1, 2)), 1e-5);
+}
+
+TEST(CpuKernelsTest, KernelsRefuseWhatTheyWereNotWrittenFor) {
+  const torch::Tensor x = torch::randn({4, 8});
+  EXPECT_THROW(cpu::RmsNorm(x, torch::ones({7}), 1e-6), c10::Error);
+  EXPECT_THROW(cpu::RmsNorm(x, torch::ones({8}, torch::kBFloat16), 1e-6), c10::Error);
+  const torch::Tensor odd = torch::randn({1, 2, 1, 5});
+  EXPECT_THROW(cpu::NormRopeHeads(odd, {}, 1e-6, torch::ones({2, 5}), torch::ones({2, 5})),
+               c10::Error);
+}
+
+// An encoder layout's plan on a block size small enough that it has several groups.
+AttentionPlan Plan(const WindowLayout& layout, int64_t block, MaskRule* rule_out,
+                   int64_t* length) {
+  const MaskKey key = EncoderMaskKey(layout, block);
+  TokenTags tags = *WindowTags(key.slots, key.chunk_size);
+  const MaskRule rule = ChunkCausalRule(tags);
+  const BlockMask mask = *BuildBlockMask(rule, tags, tags, block);
+  *rule_out = rule;
+  *length = tags.length();
+  return BuildAttentionPlan(mask, rule, torch::kCPU, torch::kFloat32);
+}
+
+TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHeads) {
+  torch::manual_seed(2);
+  const WindowLayout layout{
+      .registers = 2, .anchor_h = 2, .anchor_w = 3, .text_len = 5, .k = 3, .f = 2, .h = 2, .w = 3};
+  MaskRule rule;
+  int64_t t = 0;
+  const AttentionPlan plan = Plan(layout, 8, &rule, &t);
+  ASSERT_TRUE(plan.dense_bias.defined()) << "a short layout keeps its dense bias";
+  ASSERT_GT(plan.groups.size(), 1u);
+  const torch::Tensor q = torch::randn({2, 4, t, 16});
+  const torch::Tensor k = torch::randn({2, 2, t, 16});  // two query heads per kv head
+  const torch::Tensor v = torch::randn({2, 2, t, 16});
+  const torch::Tensor all = torch::arange(t, torch::kInt64);
+  const torch::Tensor want =
+      DenseAttention(q, ExpandKvHeads(k, 4), ExpandKvHeads(v, 4), rule(all, all), 0.25);
+  AttentionPlan groups_only = plan;
+  groups_only.dense_bias = torch::Tensor();
+  EXPECT_LE(MaxAbsDiff(SparseAttention(q, k, v, groups_only, 0.25), want), 1e-5);
+  AttentionPlan dense_only = plan;
+  dense_only.group_pairs = t * t;  // makes the dense call the cheaper one at any batch
+  ASSERT_TRUE(dense_only.UseDense(2));
+  EXPECT_LE(MaxAbsDiff(SparseAttention(q, k, v, dense_only, 0.25), want), 1e-5);
+}
+
+TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
+  DefaultToOneIntraOpThread();
+  int worker = 0, other = 0;
+  std::thread([&] {
+    SetIntraOpThreadsOfThisThread(2);
+    worker = at::get_num_threads();
+  }).join();
+  std::thread([&] { other = at::get_num_threads(); }).join();
+  EXPECT_EQ(worker, 2);
+  EXPECT_EQ(other, 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+}
+
+}  // namespace
+}  // namespace praxis::model
