@@ -21,12 +21,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_flags.h"
+#include "client/load_mix.h"
 #include "client/load_stats.h"
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
@@ -34,8 +34,6 @@
 #include "common/status_macros.h"
 #include "common/usage.h"
 #include "model/config.h"
-#include "model/step_batch.h"
-#include "model/step_io.h"
 
 ABSL_FLAG(int, connections, 1, "gRPC connections, used round-robin");
 ABSL_FLAG(int, concurrency, 8, "closed loop: concurrent callers");
@@ -58,46 +56,13 @@ ABSL_FLAG(std::string, csv, "", "write one CSV row per measured request here");
 namespace praxis::client {
 namespace {
 
-// One kind of request of the mix.
-struct MixEntry {
-  std::string name;
-  double weight = 1;
-  v1::StepRequest request;
-};
-
-absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
-                                               const model::BackboneConfig& config) {
-  std::vector<MixEntry> mix;
+// The mix of --mix, --batch, --outputs and --wire_dtype for `config`, requests of `rows` rows.
+absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const model::BackboneConfig& config,
+                                                   int64_t rows) {
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
   PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
-  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    MixEntry e;
-    std::vector<std::string> weighted = absl::StrSplit(item, '*');
-    if (weighted.size() > 2 ||
-        (weighted.size() == 2 && (!absl::SimpleAtod(weighted[1], &e.weight) || e.weight <= 0))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mix: expected ENTRY*WEIGHT with a positive weight, got \"", item, "\""));
-    }
-    std::string layout = weighted[0];
-    bool decode = true;
-    if (absl::EndsWith(layout, ",enc")) {
-      decode = false;
-      layout.resize(layout.size() - 4);
-    }
-    PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout l, model::ParseLayout(layout, "--mix"));
-    model::StepInputs in = model::SyntheticStep(config, l, absl::GetFlag(FLAGS_batch), mix.size());
-    in.decode = decode;
-    RequestOptions o = options;
-    if (!decode) std::erase(o.outputs, std::string("velocity"));
-    if (o.outputs.empty()) o.outputs = {"cond"};
-    e.name = absl::StrCat(layout, decode ? "" : ",enc");
-    o.request_id = e.name;
-    PRAXIS_ASSIGN_OR_RETURN(e.request, MakeStepRequest(in, o));
-    mix.push_back(std::move(e));
-  }
-  if (mix.empty()) return absl::InvalidArgumentError("--mix: expected at least one entry");
-  return mix;
+  return ParseMix(absl::GetFlag(FLAGS_mix), config, rows, options);
 }
 
 // Everything the request loops share.
@@ -265,7 +230,8 @@ absl::Status Run() {
   PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, clients[0]->Info(absl::Seconds(30)));
   PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config,
                           model::ParseConfig(info.config_json()));
-  PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix, ParseMix(absl::GetFlag(FLAGS_mix), config));
+  PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix,
+                          MixFromFlags(config, absl::GetFlag(FLAGS_batch)));
   std::cerr << absl::StrFormat(
       "praxis-load: %s, %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
       absl::GetFlag(FLAGS_address),
