@@ -5,6 +5,8 @@
 // The run lasts --warmup (not measured) plus --duration, or ends after --requests measured
 // requests, whichever comes first. A weighted --mix of layouts (and decode on/off) is drawn per
 // request. A progress line goes to stderr; the report to stdout, --json and --csv.
+//   control loop: --robots=N robots, each running a robot's control loop (client/control_mode.h,
+//                the model in client/control_loop.h), or --find_max_robots.
 
 #include <unistd.h>
 
@@ -23,9 +25,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_flags.h"
+#include "client/control_mode.h"
 #include "client/load_mix.h"
 #include "client/load_stats.h"
 #include "client/praxis_client.h"
@@ -201,7 +205,56 @@ void Progress(const LoadRun& run, const std::atomic<bool>& done) {
   if (tty) std::fprintf(stderr, "\n");
 }
 
-absl::Status Run() {
+// argv as one shell-quoted line, for the report's run info.
+std::string CommandLine(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool plain =
+        !arg.empty() &&
+        arg.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,:/+@%") ==
+            std::string::npos;
+    if (i > 0) out += ' ';
+    out += plain ? arg : "'" + absl::StrReplaceAll(arg, {{"'", "'\\''"}}) + "'";
+  }
+  return out;
+}
+
+// The config of the served model, from GetModelInfo.
+absl::StatusOr<model::BackboneConfig> ServedConfig(const Client& client) {
+  PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, client.Info(absl::Seconds(30)));
+  return model::ParseConfig(info.config_json());
+}
+
+absl::Status RunControl(const std::string& command_line) {
+  if (absl::GetFlag(FLAGS_rate) > 0 || absl::GetFlag(FLAGS_requests) > 0 ||
+      !absl::GetFlag(FLAGS_csv).empty() || absl::GetFlag(FLAGS_batch) != 1) {
+    return absl::InvalidArgumentError(
+        "--robots / --find_max_robots: expected no --rate, --requests, --csv or --batch (the "
+        "control-loop mode runs each robot's schedule for --duration, sends --passes rows or "
+        "one-row requests, and reports in --json)");
+  }
+  FleetOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  o.client = ClientOptionsFromFlags();
+  o.min_connections = absl::GetFlag(FLAGS_connections);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.call_timeout = absl::GetFlag(FLAGS_timeout);
+  o.progress_interval = absl::GetFlag(FLAGS_progress_interval);
+  o.info.command_line = command_line;
+  o.info.mix = absl::GetFlag(FLAGS_mix);
+  PRAXIS_ASSIGN_OR_RETURN(const std::unique_ptr<Client> client,
+                          Client::Create(o.address, o.client));
+  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*client));
+  return RunControlMode(
+      std::move(o), [&config](int64_t rows) { return MixFromFlags(config, rows); },
+      absl::GetFlag(FLAGS_json));
+}
+
+absl::Status Run(const std::string& command_line) {
+  if (ControlModeRequested()) return RunControl(command_line);
   const int connections = absl::GetFlag(FLAGS_connections);
   const double rate = absl::GetFlag(FLAGS_rate);
   const std::string arrival = absl::GetFlag(FLAGS_arrival);
@@ -227,9 +280,7 @@ absl::Status Run() {
     PRAXIS_ASSIGN_OR_RETURN(auto c, Client::Create(absl::GetFlag(FLAGS_address), o));
     clients.push_back(std::move(c));
   }
-  PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, clients[0]->Info(absl::Seconds(30)));
-  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config,
-                          model::ParseConfig(info.config_json()));
+  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*clients[0]));
   PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix,
                           MixFromFlags(config, absl::GetFlag(FLAGS_batch)));
   std::cerr << absl::StrFormat(
@@ -269,9 +320,11 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   praxis::SetUsage(
-      "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R] [--duration=10s] ...");
+      "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R | --robots=N "
+      "[--find_max_robots]] [--duration=10s] ...");
+  const std::string command_line = praxis::client::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  const absl::Status s = praxis::client::Run();
+  const absl::Status s = praxis::client::Run(command_line);
   if (!s.ok()) {
     std::cerr << "praxis-load: " << s << std::endl;
     return 2;
