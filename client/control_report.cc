@@ -161,6 +161,23 @@ std::string TextRow(const char* name, const MetricStats& s) {
                          s.avg, s.min, s.p50, s.p90, s.p99, s.p999, s.max);
 }
 
+std::string SearchText(const RobotSearchResult& s) {
+  std::string out = absl::StrFormat(
+      "Fleet search (goodput >= %.2f %%, %d..%d robots): largest fleet %d%s; the figures above "
+      "are %s\n",
+      100 * s.options.target, s.options.start, s.options.cap, s.max_robots,
+      s.capped ? " (the cap: the limit may be higher)" : "",
+      s.max_robots > 0 ? "its probe's" : "the smallest probe's");
+  for (const RobotProbe& p : s.probes) {
+    absl::StrAppendFormat(&out,
+                          "  %4d robots: goodput %6.2f %%, %5d calls, starvation %.2f %%, "
+                          "message p99 %.3f ms\n",
+                          p.robots, 100 * p.goodput, p.calls, 100 * p.starvation_fraction,
+                          p.message_latency_p99_ms);
+  }
+  return out;
+}
+
 }  // namespace
 
 MetricStats Stats(std::vector<double> values, std::string unit) {
@@ -236,6 +253,7 @@ std::string ControlLoopReport::Text() const {
                         "other %.1f %%\n",
                         100 * queue_share, 100 * compute_share, 100 * other_share);
   for (const auto& [code, n] : message_codes) absl::StrAppendFormat(&out, "  %-26s %7d\n", code, n);
+  if (search) out += SearchText(*search);
   return out;
 }
 

@@ -163,6 +163,10 @@ TEST(ControlReportTest, EmptyDistributionsAreNullAndTheSearchIsReported) {
   EXPECT_EQ(j["max_robots_search"]["cap"], 8);
   EXPECT_EQ(j["max_robots_search"]["probes"].size(), 2u);
   EXPECT_DOUBLE_EQ(j["goodput"]["avg"].get<double>(), 0) << "no calls: goodput 0, not NaN";
+  const std::string text = r.Text();
+  EXPECT_NE(text.find("largest fleet 4; the figures above are its probe's"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("   8 robots: goodput  90.00 %"), std::string::npos) << text;
 }
 
 }  // namespace
