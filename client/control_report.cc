@@ -155,6 +155,14 @@ nlohmann::json SearchJson(const RobotSearchResult& s) {
           {"max_robots", s.max_robots},         {"capped", s.capped},       {"probes", probes}};
 }
 
+nlohmann::json ErrorsJson(const std::map<std::string, int64_t>& codes) {
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& [code, n] : codes) {
+    if (code != "OK") errors.push_back({{"code", code}, {"count", n}});
+  }
+  return errors;
+}
+
 std::string TextRow(const char* name, const MetricStats& s) {
   if (s.count == 0) return absl::StrFormat("  %-26s %7d\n", name, 0);
   return absl::StrFormat("  %-26s %7d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f\n", name, s.count,
@@ -258,6 +266,7 @@ std::string ControlLoopReport::Text() const {
 }
 
 std::string ControlLoopReport::Json() const {
+  const double window_s = std::max(1e-9, measured_s());
   nlohmann::json j = {
       {"goodput", Scalar("ratio", goodput)},
       {"control_call_count", Scalar("calls", calls)},
@@ -268,20 +277,11 @@ std::string ControlLoopReport::Json() const {
       {"message_count", Scalar("messages", messages)},
       {"error_message_count", Scalar("messages", message_errors)},
       {"first_call_failure_count", Scalar("robots", first_call_failures)},
-      {"control_call_throughput", Scalar("calls/sec", calls / std::max(1e-9, measured_s()))},
-      {"forward_throughput", Scalar("forwards/sec", forwards / std::max(1e-9, measured_s()))},
+      {"control_call_throughput", Scalar("calls/sec", calls / window_s)},
+      {"forward_throughput", Scalar("forwards/sec", forwards / window_s)},
       {"starvation_time_total", Scalar("s", absl::ToDoubleSeconds(starvation))},
       {"starvation_fraction", Scalar("ratio", starvation_fraction)},
       {"benchmark_duration", Scalar("sec", measured_s())},
-      {"control_call_latency", StatsJson(call_latency)},
-      {"message_latency", StatsJson(message_latency)},
-      {"message_send_delay", StatsJson(message_send_delay)},
-      {"message_service_time", StatsJson(message_service)},
-      {"server_queue_time", StatsJson(server_queue)},
-      {"server_compute_time", StatsJson(server_compute)},
-      {"message_other_time", StatsJson(message_other)},
-      {"server_batch_rows", StatsJson(batch_rows)},
-      {"robot_starvation_time", StatsJson(robot_starvation)},
       {"server_time_split",
        {{"unit", "ratio"},
         {"queue", queue_share},
@@ -290,12 +290,15 @@ std::string ControlLoopReport::Json() const {
       {"robots", RobotsJson(robots)},
       {"input_config", RunInfoJson(info)},
       {"start_time", absl::FormatTime(absl::RFC3339_full, info.measure_from, absl::UTCTimeZone())},
-      {"end_time", absl::FormatTime(absl::RFC3339_full, info.end, absl::UTCTimeZone())}};
-  nlohmann::json errors = nlohmann::json::array();
-  for (const auto& [code, n] : message_codes) {
-    if (code != "OK") errors.push_back({{"code", code}, {"count", n}});
-  }
-  j["error_summary"] = errors;
+      {"end_time", absl::FormatTime(absl::RFC3339_full, info.end, absl::UTCTimeZone())},
+      {"error_summary", ErrorsJson(message_codes)}};
+  const std::pair<const char*, const MetricStats*> distributions[] = {
+      {"control_call_latency", &call_latency},     {"message_latency", &message_latency},
+      {"message_send_delay", &message_send_delay}, {"message_service_time", &message_service},
+      {"server_queue_time", &server_queue},        {"server_compute_time", &server_compute},
+      {"message_other_time", &message_other},      {"server_batch_rows", &batch_rows},
+      {"robot_starvation_time", &robot_starvation}};
+  for (const auto& [name, stats] : distributions) j[name] = StatsJson(*stats);
   if (search) j["max_robots_search"] = SearchJson(*search);
   return j.dump(2) + "\n";
 }
