@@ -12,12 +12,6 @@
 namespace praxis::client {
 namespace {
 
-double At(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const size_t i = static_cast<size_t>(std::ceil(q * sorted.size())) - (q > 0 ? 1 : 0);
-  return sorted[std::min(i, sorted.size() - 1)];
-}
-
 // Log-spaced buckets from the fastest to the slowest OK request, one line each.
 std::string TextHistogram(const std::vector<double>& ms) {
   if (ms.empty()) return "  (no successful requests)\n";
@@ -54,6 +48,12 @@ std::string SummaryText(const char* name, const LatencySummary& s) {
 
 }  // namespace
 
+double NearestRank(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t i = static_cast<size_t>(std::ceil(q * sorted.size())) - (q > 0 ? 1 : 0);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
 LatencySummary Summarize(std::vector<double> ms) {
   LatencySummary s;
   s.count = static_cast<int64_t>(ms.size());
@@ -62,10 +62,10 @@ LatencySummary Summarize(std::vector<double> ms) {
   s.min = ms.front();
   s.max = ms.back();
   s.mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
-  s.p50 = At(ms, 0.5);
-  s.p90 = At(ms, 0.9);
-  s.p99 = At(ms, 0.99);
-  s.p999 = At(ms, 0.999);
+  s.p50 = NearestRank(ms, 0.5);
+  s.p90 = NearestRank(ms, 0.9);
+  s.p99 = NearestRank(ms, 0.99);
+  s.p999 = NearestRank(ms, 0.999);
   return s;
 }
 

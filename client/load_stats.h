@@ -30,6 +30,8 @@ struct LatencySummary {
   double min = 0, mean = 0, p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;
 };
 LatencySummary Summarize(std::vector<double> ms);
+// The nearest-rank q-quantile (0 <= q <= 1) of `sorted` (ascending); 0 when empty.
+double NearestRank(const std::vector<double>& sorted, double q);
 
 // The whole report of a run: figures over the measured samples (warm-up excluded).
 struct LoadReport {

@@ -5,6 +5,8 @@
 // The run lasts --warmup (not measured) plus --duration, or ends after --requests measured
 // requests, whichever comes first. A weighted --mix of layouts (and decode on/off) is drawn per
 // request. A progress line goes to stderr; the report to stdout, --json and --csv.
+//   control loop: --robots=N robots, each running a robot's control loop (client/control_mode.h,
+//                the model in client/control_loop.h), or --find_max_robots.
 
 #include <unistd.h>
 
@@ -21,12 +23,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_flags.h"
+#include "client/control_mode.h"
+#include "client/load_mix.h"
 #include "client/load_stats.h"
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
@@ -34,8 +38,6 @@
 #include "common/status_macros.h"
 #include "common/usage.h"
 #include "model/config.h"
-#include "model/step_batch.h"
-#include "model/step_io.h"
 
 ABSL_FLAG(int, connections, 1, "gRPC connections, used round-robin");
 ABSL_FLAG(int, concurrency, 8, "closed loop: concurrent callers");
@@ -58,46 +60,13 @@ ABSL_FLAG(std::string, csv, "", "write one CSV row per measured request here");
 namespace praxis::client {
 namespace {
 
-// One kind of request of the mix.
-struct MixEntry {
-  std::string name;
-  double weight = 1;
-  v1::StepRequest request;
-};
-
-absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
-                                               const model::BackboneConfig& config) {
-  std::vector<MixEntry> mix;
+// The mix of --mix, --batch, --outputs and --wire_dtype for `config`, requests of `rows` rows.
+absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const model::BackboneConfig& config,
+                                                   int64_t rows) {
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
   PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
-  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    MixEntry e;
-    std::vector<std::string> weighted = absl::StrSplit(item, '*');
-    if (weighted.size() > 2 ||
-        (weighted.size() == 2 && (!absl::SimpleAtod(weighted[1], &e.weight) || e.weight <= 0))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mix: expected ENTRY*WEIGHT with a positive weight, got \"", item, "\""));
-    }
-    std::string layout = weighted[0];
-    bool decode = true;
-    if (absl::EndsWith(layout, ",enc")) {
-      decode = false;
-      layout.resize(layout.size() - 4);
-    }
-    PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout l, model::ParseLayout(layout, "--mix"));
-    model::StepInputs in = model::SyntheticStep(config, l, absl::GetFlag(FLAGS_batch), mix.size());
-    in.decode = decode;
-    RequestOptions o = options;
-    if (!decode) std::erase(o.outputs, std::string("velocity"));
-    if (o.outputs.empty()) o.outputs = {"cond"};
-    e.name = absl::StrCat(layout, decode ? "" : ",enc");
-    o.request_id = e.name;
-    PRAXIS_ASSIGN_OR_RETURN(e.request, MakeStepRequest(in, o));
-    mix.push_back(std::move(e));
-  }
-  if (mix.empty()) return absl::InvalidArgumentError("--mix: expected at least one entry");
-  return mix;
+  return ParseMix(absl::GetFlag(FLAGS_mix), config, rows, options);
 }
 
 // Everything the request loops share.
@@ -236,7 +205,56 @@ void Progress(const LoadRun& run, const std::atomic<bool>& done) {
   if (tty) std::fprintf(stderr, "\n");
 }
 
-absl::Status Run() {
+// argv as one shell-quoted line, for the report's run info.
+std::string CommandLine(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool plain =
+        !arg.empty() &&
+        arg.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,:/+@%") ==
+            std::string::npos;
+    if (i > 0) out += ' ';
+    out += plain ? arg : "'" + absl::StrReplaceAll(arg, {{"'", "'\\''"}}) + "'";
+  }
+  return out;
+}
+
+// The config of the served model, from GetModelInfo.
+absl::StatusOr<model::BackboneConfig> ServedConfig(const Client& client) {
+  PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, client.Info(absl::Seconds(30)));
+  return model::ParseConfig(info.config_json());
+}
+
+absl::Status RunControl(const std::string& command_line) {
+  if (absl::GetFlag(FLAGS_rate) > 0 || absl::GetFlag(FLAGS_requests) > 0 ||
+      !absl::GetFlag(FLAGS_csv).empty() || absl::GetFlag(FLAGS_batch) != 1) {
+    return absl::InvalidArgumentError(
+        "--robots / --find_max_robots: expected no --rate, --requests, --csv or --batch (the "
+        "control-loop mode runs each robot's schedule for --duration, sends --passes rows or "
+        "one-row requests, and reports in --json)");
+  }
+  FleetOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  o.client = ClientOptionsFromFlags();
+  o.min_connections = absl::GetFlag(FLAGS_connections);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.call_timeout = absl::GetFlag(FLAGS_timeout);
+  o.progress_interval = absl::GetFlag(FLAGS_progress_interval);
+  o.info.command_line = command_line;
+  o.info.mix = absl::GetFlag(FLAGS_mix);
+  PRAXIS_ASSIGN_OR_RETURN(const std::unique_ptr<Client> client,
+                          Client::Create(o.address, o.client));
+  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*client));
+  return RunControlMode(
+      std::move(o), [&config](int64_t rows) { return MixFromFlags(config, rows); },
+      absl::GetFlag(FLAGS_json));
+}
+
+absl::Status Run(const std::string& command_line) {
+  if (ControlModeRequested()) return RunControl(command_line);
   const int connections = absl::GetFlag(FLAGS_connections);
   const double rate = absl::GetFlag(FLAGS_rate);
   const std::string arrival = absl::GetFlag(FLAGS_arrival);
@@ -262,10 +280,9 @@ absl::Status Run() {
     PRAXIS_ASSIGN_OR_RETURN(auto c, Client::Create(absl::GetFlag(FLAGS_address), o));
     clients.push_back(std::move(c));
   }
-  PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, clients[0]->Info(absl::Seconds(30)));
-  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config,
-                          model::ParseConfig(info.config_json()));
-  PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix, ParseMix(absl::GetFlag(FLAGS_mix), config));
+  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*clients[0]));
+  PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix,
+                          MixFromFlags(config, absl::GetFlag(FLAGS_batch)));
   std::cerr << absl::StrFormat(
       "praxis-load: %s, %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
       absl::GetFlag(FLAGS_address),
@@ -303,9 +320,11 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   praxis::SetUsage(
-      "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R] [--duration=10s] ...");
+      "praxis-load --address=HOST:PORT [--concurrency=N | --rate=R | --robots=N "
+      "[--find_max_robots]] [--duration=10s] ...");
+  const std::string command_line = praxis::client::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  const absl::Status s = praxis::client::Run();
+  const absl::Status s = praxis::client::Run(command_line);
   if (!s.ok()) {
     std::cerr << "praxis-load: " << s << std::endl;
     return 2;
