@@ -3,6 +3,16 @@
 #include <ATen/Parallel.h>
 #include <malloc.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
 // LibTorch's wheel links libgomp and exports MKL's per-thread setter; neither has a header there.
 extern "C" void omp_set_num_threads(int threads);
 extern "C" int MKL_Set_Num_Threads_Local(int threads);  // the C entry (lower case is Fortran)
@@ -26,6 +36,57 @@ void SetIntraOpThreadsOfThisThread(int threads) {
 void KeepFreedMemoryForReuse() {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest; fixing it also stops its adjustment
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
+CpuIsa DetectCpuIsa() {
+  CpuIsa isa;
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    isa.avx512f = (b >> 16) & 1;
+    isa.avx512_fp16 = (d >> 23) & 1;
+    isa.amx_bf16 = (d >> 22) & 1;
+  }
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+    isa.avx512_bf16 = (a >> 5) & 1;
+    isa.amx_fp16 = (a >> 21) & 1;
+  }
+  char brand[49] = {};
+  for (unsigned leaf = 0; leaf < 3; ++leaf) {
+    unsigned r[4] = {};
+    if (!__get_cpuid(0x80000002 + leaf, &r[0], &r[1], &r[2], &r[3])) break;
+    std::memcpy(brand + 16 * leaf, r, 16);
+  }
+  isa.model = std::string(absl::StripAsciiWhitespace(brand));
+#endif
+  return isa;
+}
+
+std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, bool* slow) {
+  std::vector<std::string> units;
+  if (isa.amx_bf16) units.push_back("AMX-BF16");
+  if (isa.amx_fp16) units.push_back("AMX-FP16");
+  if (isa.avx512_bf16) units.push_back("AVX512-BF16");
+  if (isa.avx512_fp16) units.push_back("AVX512-FP16");
+  if (isa.avx512f) units.push_back("AVX-512");
+  std::string implies;
+  *slow = false;
+  if (dtype == torch::kBFloat16) {
+    *slow = !isa.amx_bf16 && !isa.avx512_bf16;
+    implies = isa.amx_bf16      ? "bfloat16 matmuls run on AMX tiles"
+              : !*slow          ? "bfloat16 matmuls run on AVX512-BF16"
+                                : "bfloat16 has no hardware path here and is emulated: expect it "
+                                  "several times slower than float32 (--dtype=float32)";
+  } else if (dtype == torch::kFloat16) {
+    *slow = !isa.amx_fp16 && !isa.avx512_fp16;
+    implies = *slow ? "float16 has no hardware path here and is emulated: expect it several times "
+                      "slower than float32 (--dtype=float32)"
+                    : "float16 runs on its own units";
+  } else {
+    implies = "float32";
+  }
+  return absl::StrCat("cpu ", isa.model.empty() ? "unknown" : isa.model, " [",
+                      units.empty() ? "no AVX-512" : absl::StrJoin(units, " "), "]: ", implies);
 }
 
 }  // namespace praxis::model

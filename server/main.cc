@@ -198,6 +198,13 @@ absl::Status Run() {
                                   .load = absl::GetFlag(FLAGS_load)};
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, backbone));
   const model::BackboneConfig& c = loaded.model->config();
+  if (!backbone.device.is_cuda()) {
+    bool slow = false;
+    const std::string cpu =
+        model::DescribeCpuForDtype(model::DetectCpuIsa(), loaded.model->dtype(), &slow);
+    (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << cpu
+                                   << std::endl;
+  }
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model), threads);
   options.model = {

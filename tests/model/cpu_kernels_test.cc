@@ -119,5 +119,36 @@ TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
   EXPECT_EQ(at::get_num_threads(), 1);
 }
 
+TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
+  bool slow = false;
+  const CpuIsa bare{.model = "Old CPU", .avx512f = true};
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kBFloat16, &slow).find("emulated"), std::string::npos);
+  EXPECT_TRUE(slow);
+  DescribeCpuForDtype(bare, torch::kFloat16, &slow);
+  EXPECT_TRUE(slow);
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, &slow).find("Old CPU [AVX-512]"),
+            std::string::npos);
+  EXPECT_FALSE(slow);
+  const CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true};
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, &slow).find("AVX512-BF16"),
+            std::string::npos);
+  EXPECT_FALSE(slow);
+  const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow).find("AMX tiles"),
+            std::string::npos);
+  EXPECT_FALSE(slow);
+}
+
+#if defined(__x86_64__)
+TEST(CpuRuntimeTest, DetectsThisCpu) {
+  const CpuIsa isa = DetectCpuIsa();
+  EXPECT_FALSE(isa.model.empty());
+  // Every unit implies AVX-512 foundation on the CPUs that have them.
+  if (isa.avx512_bf16 || isa.amx_bf16) {
+    EXPECT_TRUE(isa.avx512f);
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace praxis::model
