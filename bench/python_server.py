@@ -115,6 +115,7 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))  # the source tree's 
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 from praxis_client._proto import praxis_pb2 as pb  # noqa: E402  (stubs generated on first import)
 from praxis_client._proto import praxis_pb2_grpc as pb_grpc  # noqa: E402
+from praxis_client.request import layout_key  # noqa: E402
 from praxis_ref.backbone import VideoBackbone, torch_dtype  # noqa: E402
 
 # Wire dtype -> (torch dtype, numpy dtype of its little-endian bytes); bfloat16 travels as its
@@ -236,8 +237,7 @@ class Step:
         self.rope_shifts = tuple(r.rope_shifts) or (0, 0, 0, 0)
         self.rows = b
         self.request_id = r.request_id
-        self.key = (f"L{text.shape[1]}_a{anchor.shape[3]}x{anchor.shape[4]}_K{k}_F{f}_g{h}x{w}"
-                    f"_{'dec' if r.decode else 'enc'}_rs{','.join(map(str, self.rope_shifts))}")
+        self.key = layout_key(r)  # the clients' function: one layout key per language
 
 
 # ------------------------------------------------------------------------------------------------
