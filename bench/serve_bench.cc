@@ -21,8 +21,8 @@
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
 #include "model/model_loader.h"
-#include "model/step_batch.h"
 #include "server/server.h"
+#include "wire/synthetic.h"
 
 ABSL_FLAG(int, repeats, 5, "timed steps for each latency figure");
 ABSL_FLAG(int, rounds, 2, "steps per caller for each throughput figure");
@@ -65,8 +65,8 @@ std::unique_ptr<PraxisServer> Serve(std::unique_ptr<model::StepRunner> runner, i
   o.batch.max_batch_rows = batch;
   o.batch.max_queue_delay = absl::Milliseconds(5);
   auto server = PraxisServer::Create(o, std::move(runner)).value();
-  const model::WindowLayout warm{
-      .anchor_h = 2, .anchor_w = 2, .text_len = 4, .k = 1, .f = 1, .h = 2, .w = 2};
+  const wire::StepGeometry warm{
+      .text_len = 4, .anchor_h = 2, .anchor_w = 2, .k = 1, .f = 1, .h = 2, .w = 2};
   if (!server->Warmup(warm).ok()) std::abort();
   return server;
 }
@@ -91,7 +91,8 @@ void Run() {
   const int repeats = absl::GetFlag(FLAGS_repeats);
   std::unique_ptr<model::StepRunner> runner = BenchRunner();
   const model::StepInputs in =
-      model::SyntheticStep(runner->config(), model::kBenchLayout, 1, /*seed=*/0);
+      wire::SyntheticInputs(runner->config().step_dims(), model::GeometryOf(model::kBenchLayout),
+                            1, /*seed=*/0);
   const v1::StepRequest request = BenchRequest(in);
 
   // (a) The same model object, first in process, then behind the server.
@@ -128,7 +129,8 @@ void Run() {
       .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
   const model::BackboneConfig& config = server->model().config();
   for (const auto& [name, layout] : {std::pair{"bench", model::kBenchLayout}, {"small", small}}) {
-    const v1::StepRequest r = BenchRequest(model::SyntheticStep(config, layout, 1, 1));
+    const v1::StepRequest r = BenchRequest(
+        wire::SyntheticInputs(config.step_dims(), model::GeometryOf(layout), 1, 1));
     if (!c->Step(r, kTimeout).ok() || !c1->Step(r, kTimeout).ok()) std::abort();  // masks
     const int n = name == std::string("small") ? 20 * rounds : rounds;
     const double on = Throughput(*c, r, n);

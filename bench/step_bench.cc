@@ -19,8 +19,8 @@
 #include "common/status_macros.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
-#include "model/step_io.h"
 #include "model/step_runner.h"
+#include "wire/step_file.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
@@ -43,7 +43,7 @@ absl::Status Run() {
   source.dtype = absl::GetFlag(FLAGS_dtype);
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
   BackboneStepRunner runner(std::move(loaded.model));
-  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0));
+  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, wire::ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0));
   PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());  // warm-up: builds the layout's masks
   std::vector<double> times;
   for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {

@@ -7,13 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "model/step_batch.h"
-#include "model/step_io.h"
+#include "wire/layout_key.h"
+#include "wire/output_names.h"
+#include "wire/synthetic.h"
 
 namespace praxis::client {
 
 absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
-                                               const model::BackboneConfig& config, int64_t rows,
+                                               const wire::StepDims& dims, int64_t rows,
                                                const RequestOptions& options) {
   std::vector<MixEntry> mix;
   for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
@@ -30,12 +31,12 @@ absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
       decode = false;
       layout.resize(layout.size() - 4);
     }
-    PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout l, model::ParseLayout(layout, "--mix"));
-    model::StepInputs in = model::SyntheticStep(config, l, rows, mix.size());
+    PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry l, wire::ParseLayout(layout, "--mix"));
+    wire::StepInputs in = wire::SyntheticInputs(dims, l, rows, mix.size());
     in.decode = decode;
     RequestOptions o = options;
-    if (!decode) std::erase(o.outputs, std::string("velocity"));
-    if (o.outputs.empty()) o.outputs = {"cond"};
+    if (!decode) std::erase(o.outputs, std::string(wire::kVelocity));
+    if (o.outputs.empty()) o.outputs = {wire::kCond};
     e.name = absl::StrCat(layout, decode ? "" : ",enc");
     o.request_id = e.name;
     PRAXIS_ASSIGN_OR_RETURN(e.request, MakeStepRequest(in, o));

@@ -24,10 +24,11 @@
 #include "client/request_builder.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
-#include "model/config.h"
-#include "model/safetensors.h"
-#include "model/step_batch.h"
-#include "model/step_io.h"
+#include "wire/layout_key.h"
+#include "wire/safetensors.h"
+#include "wire/selection.h"
+#include "wire/step_file.h"
+#include "wire/synthetic.h"
 
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (\"\" = the server)");
 ABSL_FLAG(std::string, inputs, "",
@@ -79,35 +80,35 @@ absl::Status Health(const Client& c) {
 }
 
 // The step's inputs from --inputs, or synthetic ones for --layout on the server's model.
-absl::StatusOr<model::StepInputs> Inputs(const Client& c) {
+absl::StatusOr<wire::StepInputs> Inputs(const Client& c) {
   const std::string file = absl::GetFlag(FLAGS_inputs), layout = absl::GetFlag(FLAGS_layout);
   if (file.empty() == layout.empty()) {
     return absl::InvalidArgumentError("step: give exactly one of --inputs and --layout");
   }
-  model::StepInputs in;
+  wire::StepInputs in;
   if (!file.empty()) {
-    PRAXIS_ASSIGN_OR_RETURN(in, model::ReadStepInputs(file, absl::GetFlag(FLAGS_frames_per_chunk)));
+    PRAXIS_ASSIGN_OR_RETURN(in, wire::ReadStepInputs(file, absl::GetFlag(FLAGS_frames_per_chunk)));
   } else {
-    PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout l, model::ParseLayout(layout, "--layout"));
+    PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry l, wire::ParseLayout(layout, "--layout"));
     const absl::StatusOr<v1::ModelInfo> info = c.Info(absl::GetFlag(FLAGS_timeout));
     if (!info.ok()) return Remote(info.status());
-    PRAXIS_ASSIGN_OR_RETURN(model::BackboneConfig config, model::ParseConfig(info->config_json()));
-    in = model::SyntheticStep(config, l, absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_seed));
+    in = wire::SyntheticInputs(StepDimsOf(*info), l, absl::GetFlag(FLAGS_batch),
+                               absl::GetFlag(FLAGS_seed));
     if (absl::GetFlag(FLAGS_frames_per_chunk) > 0) {
       in.frames_per_chunk = absl::GetFlag(FLAGS_frames_per_chunk);
     }
   }
   in.decode = absl::GetFlag(FLAGS_decode);
-  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, model::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts)));
+  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
   return in;
 }
 
 absl::Status Step(const Client& c) {
   if (absl::GetFlag(FLAGS_out).empty()) return absl::InvalidArgumentError("step: give --out");
-  PRAXIS_ASSIGN_OR_RETURN(const model::StepInputs in, Inputs(c));
+  PRAXIS_ASSIGN_OR_RETURN(const wire::StepInputs in, Inputs(c));
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
-  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   options.request_id = "praxis-cli";
   PRAXIS_ASSIGN_OR_RETURN(const v1::StepRequest request, MakeStepRequest(in, options));
   absl::StatusOr<StepReply> answered = c.Step(request, absl::GetFlag(FLAGS_timeout));
@@ -124,7 +125,7 @@ absl::Status Step(const Client& c) {
       {"compute_us", absl::StrCat(h.compute_us())},
       {"batch_rows", absl::StrCat(h.batch_rows())},
       {"noised_span", absl::StrCat(h.noised_span().start(), ",", h.noised_span().length())}};
-  PRAXIS_RETURN_IF_ERROR(model::WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata));
+  PRAXIS_RETURN_IF_ERROR(wire::WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata));
   std::vector<std::string> names;
   for (const auto& [name, t] : tensors) names.push_back(name);
   std::cout << "step ok: layout " << h.layout_key() << ", queue " << h.queue_us() / 1e3

@@ -12,6 +12,7 @@
 #include "client/request_builder.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "wire/layout_key.h"
 
 namespace praxis::client {
 namespace {
@@ -120,7 +121,7 @@ absl::StatusOr<StepReply> Client::StepOnce(const v1::StepRequest& request,
   grpc::ClientContext ctx;
   Prepare(ctx, timeout);
   if (const std::string key = LayoutKeyOf(request); !key.empty()) {
-    ctx.AddMetadata(kLayoutHeader, key);
+    ctx.AddMetadata(wire::kLayoutHeader, key);
   }
   std::unique_ptr<grpc::ClientReader<v1::StepResponse>> reader = stub_->Step(&ctx, request);
   StepAssembler assembler;

@@ -37,7 +37,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
-#include "model/config.h"
+#include "wire/selection.h"
 
 ABSL_FLAG(int, connections, 1, "gRPC connections, used round-robin");
 ABSL_FLAG(int, concurrency, 8, "closed loop: concurrent callers");
@@ -60,13 +60,14 @@ ABSL_FLAG(std::string, csv, "", "write one CSV row per measured request here");
 namespace praxis::client {
 namespace {
 
-// The mix of --mix, --batch, --outputs and --wire_dtype for `config`, requests of `rows` rows.
-absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const model::BackboneConfig& config,
+// The mix of --mix, --batch, --outputs and --wire_dtype for a model's `dims`, requests of `rows`
+// rows.
+absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const wire::StepDims& dims,
                                                    int64_t rows) {
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
-  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
-  return ParseMix(absl::GetFlag(FLAGS_mix), config, rows, options);
+  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  return ParseMix(absl::GetFlag(FLAGS_mix), dims, rows, options);
 }
 
 // Everything the request loops share.
@@ -221,10 +222,10 @@ std::string CommandLine(int argc, char** argv) {
   return out;
 }
 
-// The config of the served model, from GetModelInfo.
-absl::StatusOr<model::BackboneConfig> ServedConfig(const Client& client) {
+// The input feature sizes of the served model, from GetModelInfo.
+absl::StatusOr<wire::StepDims> ServedDims(const Client& client) {
   PRAXIS_ASSIGN_OR_RETURN(const v1::ModelInfo info, client.Info(absl::Seconds(30)));
-  return model::ParseConfig(info.config_json());
+  return StepDimsOf(info);
 }
 
 absl::Status RunControl(const std::string& command_line) {
@@ -247,9 +248,9 @@ absl::Status RunControl(const std::string& command_line) {
   o.info.mix = absl::GetFlag(FLAGS_mix);
   PRAXIS_ASSIGN_OR_RETURN(const std::unique_ptr<Client> client,
                           Client::Create(o.address, o.client));
-  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*client));
+  PRAXIS_ASSIGN_OR_RETURN(const wire::StepDims dims, ServedDims(*client));
   return RunControlMode(
-      std::move(o), [&config](int64_t rows) { return MixFromFlags(config, rows); },
+      std::move(o), [&dims](int64_t rows) { return MixFromFlags(dims, rows); },
       absl::GetFlag(FLAGS_json));
 }
 
@@ -280,9 +281,9 @@ absl::Status Run(const std::string& command_line) {
     PRAXIS_ASSIGN_OR_RETURN(auto c, Client::Create(absl::GetFlag(FLAGS_address), o));
     clients.push_back(std::move(c));
   }
-  PRAXIS_ASSIGN_OR_RETURN(const model::BackboneConfig config, ServedConfig(*clients[0]));
+  PRAXIS_ASSIGN_OR_RETURN(const wire::StepDims dims, ServedDims(*clients[0]));
   PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix,
-                          MixFromFlags(config, absl::GetFlag(FLAGS_batch)));
+                          MixFromFlags(dims, absl::GetFlag(FLAGS_batch)));
   std::cerr << absl::StrFormat(
       "praxis-load: %s, %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
       absl::GetFlag(FLAGS_address),

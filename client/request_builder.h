@@ -1,14 +1,14 @@
 #pragma once
 
 // Building a praxis.v1.StepRequest from LibTorch tensors, for the CLI, the load generator and
-// embedders.
+// embedders. The contract itself (tensor codec, names, layout key) is wire/'s.
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/backbone.h"
 #include "praxis/v1/praxis.pb.h"
+#include "wire/step_inputs.h"
 
 namespace praxis::client {
 
@@ -21,20 +21,14 @@ struct RequestOptions {
   std::string request_id;
 };
 
-// "float32" | "bfloat16" | "float16"; InvalidArgument otherwise.
-absl::StatusOr<v1::DType> ParseWireDtype(const std::string& name);
-
-// The OutputSelection of `names`; InvalidArgument naming an unknown output.
-absl::StatusOr<v1::OutputSelection> ParseOutputs(const std::vector<std::string>& names);
-
 // The request for `in` (any device; copied to the wire in options.input_dtype).
-absl::StatusOr<v1::StepRequest> MakeStepRequest(const model::StepInputs& in,
+absl::StatusOr<v1::StepRequest> MakeStepRequest(const wire::StepInputs& in,
                                                 const RequestOptions& options);
 
-// The header a proxy hashes on to send one layout's steps to one replica (deploy/affinity).
-inline constexpr char kLayoutHeader[] = "x-praxis-layout";
+// The input feature sizes a served model wants, from its GetModelInfo answer.
+wire::StepDims StepDimsOf(const v1::ModelInfo& info);
 
-// The server's layout key (model::LayoutKey) of `request`, from its shapes alone; empty when the
+// The server's layout key (wire::LayoutKey) of `request`, from its shapes alone; empty when the
 // shapes are malformed (the server then refuses the request and names the field).
 std::string LayoutKeyOf(const v1::StepRequest& request);
 

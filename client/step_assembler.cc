@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "server/tensor_codec.h"
+#include "wire/tensor_codec.h"
 
 namespace praxis::client {
 namespace {
@@ -20,7 +20,7 @@ constexpr int kMaxDims = 8;
 // header, before any byte is kept, so that a hostile or broken server gets DataLoss, never a
 // wrapped size that LibTorch would then refuse by throwing.
 absl::Status CheckTensorHeader(const v1::TensorHeader& t) {
-  absl::StatusOr<torch::ScalarType> dtype = serve::FromWireDtype(t.dtype(), t.name());
+  absl::StatusOr<torch::ScalarType> dtype = wire::FromWireDtype(t.dtype(), t.name());
   if (!dtype.ok()) return absl::DataLossError(dtype.status().message());
   const std::string shape = absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
   if (t.shape_size() > kMaxDims) {
@@ -83,12 +83,12 @@ absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
 
 absl::Status StepAssembler::Finish() {
   const v1::TensorHeader& t = reply_.header.tensors(current_);
-  v1::Tensor wire;
-  wire.set_dtype(t.dtype());
-  *wire.mutable_shape() = t.shape();
-  wire.set_data(std::move(bytes_));
+  v1::Tensor encoded;
+  encoded.set_dtype(t.dtype());
+  *encoded.mutable_shape() = t.shape();
+  encoded.set_data(std::move(bytes_));
   bytes_.clear();
-  absl::StatusOr<torch::Tensor> tensor = serve::DecodeTensor(wire, t.name());
+  absl::StatusOr<torch::Tensor> tensor = wire::DecodeTensor(encoded, t.name());
   if (!tensor.ok()) return absl::DataLossError(tensor.status().message());
   reply_.tensors[t.name()] = *std::move(tensor);
   ++current_;

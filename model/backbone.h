@@ -17,6 +17,7 @@
 #include "model/attention.h"
 #include "model/config.h"
 #include "model/mask_cache.h"
+#include "model/step.h"
 
 namespace praxis::model {
 
@@ -29,43 +30,6 @@ struct BackboneOptions {
   AttentionMode attention = AttentionMode::kSparse;
   int64_t mask_cache_entries = 64;
   int64_t mask_cache_bytes = int64_t{256} << 20;
-};
-
-// The tensors of one step, batch-first (SPEC §2). `clean` is undefined iff K == 1.
-struct StepInputs {
-  torch::Tensor text;       // [B, L, text_dim]
-  torch::Tensor anchor;     // [B, C, 1, h, w]
-  torch::Tensor clean;      // [B, C, (K-1)·F, h, w] or undefined
-  torch::Tensor noised;     // [B, C, K·F, h, w]
-  torch::Tensor timesteps;  // [B, K] in [0, 1]
-  int64_t frames_per_chunk = 1;
-  bool decode = true;
-  std::array<int64_t, 4> rope_shifts{};  // encoder anchor, encoder text, encoder video, decoder
-};
-
-// (start, length) of a run of the encoder sequence.
-struct Span {
-  int64_t start = 0;
-  int64_t length = 0;
-};
-
-// Encoder outputs that the action expert reads.
-struct EncoderFeatures {
-  std::vector<torch::Tensor> taps;  // one [B, T, dim] per tap block, in tap_blocks order
-  torch::Tensor embeddings;         // block-0 input [B, T, dim]
-  torch::Tensor positions;          // [B, T] int64
-  Span register_span, anchor_span, text_span, noised_span;
-  std::optional<Span> clean_span;  // absent for K == 1
-  int64_t frames_per_chunk = 0;
-  int64_t tokens_per_frame = 0;
-  int64_t n_chunks = 0;
-};
-
-// The result of one step.
-struct BackboneOutput {
-  torch::Tensor velocity;  // [B, C, K·F, h, w]; undefined without decode
-  torch::Tensor cond;      // encoder conditioning [B, K·F, h, w, dim]
-  EncoderFeatures features;
 };
 
 // Checks every shape, dtype and value of `in` against `config`; InvalidArgument naming the field

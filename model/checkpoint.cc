@@ -135,11 +135,11 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
 
 // The opened files of `dir` and, for every tensor name, the file that holds it.
 struct OpenedFiles {
-  std::vector<std::shared_ptr<const SafetensorsFile>> files;
-  std::map<std::string, const SafetensorsFile*> file_of;
+  std::vector<std::shared_ptr<const wire::SafetensorsFile>> files;
+  std::map<std::string, const wire::SafetensorsFile*> file_of;
 };
 
-absl::Status AddFile(std::shared_ptr<const SafetensorsFile> file, OpenedFiles* out) {
+absl::Status AddFile(std::shared_ptr<const wire::SafetensorsFile> file, OpenedFiles* out) {
   for (const std::string& name : file->names()) {
     auto [it, inserted] = out->file_of.emplace(name, file.get());
     if (!inserted) {
@@ -151,7 +151,7 @@ absl::Status AddFile(std::shared_ptr<const SafetensorsFile> file, OpenedFiles* o
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, LoadMode mode) {
+absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, wire::LoadMode mode) {
   const std::string index = JoinPath(dir, kIndexFile);
   const std::string single = JoinPath(dir, kSingleFile);
   OpenedFiles out;
@@ -160,8 +160,8 @@ absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, LoadMode mode) {
       return absl::NotFoundError(
           absl::StrCat("checkpoint ", dir, ": neither ", kSingleFile, " nor ", kIndexFile));
     }
-    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
-                            SafetensorsFile::Open(single, mode));
+    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const wire::SafetensorsFile> file,
+                            wire::SafetensorsFile::Open(single, mode));
     PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
     return out;
   }
@@ -169,8 +169,8 @@ absl::StatusOr<OpenedFiles> OpenFiles(const std::string& dir, LoadMode mode) {
   std::set<std::string> shards;
   for (const auto& [name, shard] : shard_of) shards.insert(shard);
   for (const std::string& shard : shards) {
-    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> file,
-                            SafetensorsFile::Open(JoinPath(dir, shard), mode));
+    PRAXIS_ASSIGN_OR_RETURN(std::shared_ptr<const wire::SafetensorsFile> file,
+                            wire::SafetensorsFile::Open(JoinPath(dir, shard), mode));
     PRAXIS_RETURN_IF_ERROR(AddFile(std::move(file), &out));
   }
   for (const auto& [name, shard] : shard_of) {
@@ -229,7 +229,7 @@ absl::Status CheckTensors(const BackboneConfig& config, const ParamSpecs& expect
     if (it == files.file_of.end()) {
       return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
     }
-    const TensorInfo& got = *it->second->info(name);
+    const wire::TensorInfo& got = *it->second->info(name);
     if (got.shape != spec.shape) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ",
                                                      ShapeString(got.shape), ", expected ",
@@ -295,7 +295,7 @@ absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions&
   LogIgnored(dir, ckpt.ignored);
   PRAXIS_ASSIGN_OR_RETURN(ckpt.tensors, Materialize(expected, files, options));
   if (options.dtype.has_value()) ckpt.config.dtype = DtypeName(*options.dtype);
-  if (options.load == LoadMode::kMmap && options.device.is_cpu()) {
+  if (options.load == wire::LoadMode::kMmap && options.device.is_cpu()) {
     ckpt.files = std::move(files.files);
   }
   return ckpt;

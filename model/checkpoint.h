@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/config.h"
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 namespace praxis::model {
 
@@ -51,7 +51,7 @@ struct CheckpointOptions {
   // after the load without harm. kMmap: on the CPU without conversion the tensors stay zero-copy
   // views of the mapped files; truncating a file while they are in use raises SIGBUS and kills the
   // process (see LoadMode).
-  LoadMode load = LoadMode::kCopy;
+  wire::LoadMode load = wire::LoadMode::kCopy;
 };
 
 // A loaded and validated checkpoint.
@@ -67,7 +67,7 @@ struct Checkpoint {
   // The mapped files, held while tensors may be views of them (options.load is kMmap and
   // options.device the CPU); empty otherwise. Tensors keep their mapping alive on their own; this
   // is for IsViewOf checks.
-  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+  std::vector<std::shared_ptr<const wire::SafetensorsFile>> files;
 };
 
 // A checkpoint is untrusted input (it may come from a hub). If `dir`/SHA256SUMS exists, every file

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "wire/step_inputs.h"
 
 namespace praxis::model {
 
@@ -62,6 +63,8 @@ struct BackboneConfig {
   int64_t pw() const { return decoder.unpatch_factor[2]; }
   // C: latent channels as the encoder sees them (patched).
   int64_t latent_channels() const { return encoder.video_in_c_in; }
+  // The feature sizes of a step's inputs (what ModelInfo tells clients).
+  wire::StepDims step_dims() const { return {text_dim, latent_channels()}; }
   torch::ScalarType param_dtype() const;
 };
 

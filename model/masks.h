@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "wire/step_inputs.h"
 
 namespace praxis::model {
 
@@ -139,6 +140,22 @@ inline constexpr WindowLayout kBenchLayout{.registers = 4,
                                            .f = 2,
                                            .h = 30,
                                            .w = 40};
+
+// A step's geometry as a window layout with `registers` registers, and back (registers dropped).
+inline WindowLayout WindowOf(const wire::StepGeometry& g, int64_t registers = 0) {
+  return {.registers = registers, .anchor_h = g.anchor_h, .anchor_w = g.anchor_w,
+          .text_len = g.text_len, .k = g.k, .f = g.f, .h = g.h, .w = g.w};
+}
+inline wire::StepGeometry GeometryOf(const WindowLayout& l) {
+  return {.text_len = l.text_len, .anchor_h = l.anchor_h, .anchor_w = l.anchor_w, .k = l.k,
+          .f = l.f, .h = l.h, .w = l.w};
+}
+
+// The window layout of a step (registers left 0: they are the config's). `in` must have passed
+// ValidateStep.
+inline WindowLayout StepLayout(const wire::StepInputs& in) {
+  return WindowOf(wire::GeometryOf(in));
+}
 
 // Encoder sequence [registers | anchor | text | noised | clean] (clean absent when K == 1).
 std::vector<Slot> EncoderSlots(const WindowLayout& layout);

@@ -21,7 +21,7 @@ absl::StatusOr<LoadedModel> Load(const ModelSource& source, const BackboneOption
     PRAXIS_ASSIGN_OR_RETURN(ckpt_options.dtype, ParseDtype(source.dtype));
   }
   if (!source.load.empty()) {
-    PRAXIS_ASSIGN_OR_RETURN(ckpt_options.load, ParseLoadMode(source.load));
+    PRAXIS_ASSIGN_OR_RETURN(ckpt_options.load, wire::ParseLoadMode(source.load));
   }
   LoadedModel out;
   if (!source.checkpoint.empty()) {

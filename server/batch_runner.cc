@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/step_batch.h"
+#include "server/step_batch.h"
 #include "server/step_task.h"
 
 namespace praxis::serve {
@@ -24,11 +24,11 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
   // exception here would end the process with every step in flight.
   std::vector<absl::StatusOr<model::BackboneOutput>> outputs;
   try {
-    absl::StatusOr<model::BackboneOutput> out = model.Run(model::StackSteps(inputs));
+    absl::StatusOr<model::BackboneOutput> out = model.Run(StackSteps(inputs));
     int64_t row = 0;
     for (StepTask* task : tasks) {
       if (out.ok()) {
-        outputs.push_back(model::SliceRows(*out, row, task->rows()));
+        outputs.push_back(SliceRows(*out, row, task->rows()));
       } else {
         outputs.push_back(out.status());
       }

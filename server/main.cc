@@ -25,7 +25,7 @@
 #include "common/usage.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
-#include "model/step_io.h"
+#include "wire/layout_key.h"
 #include "model/step_runner.h"
 #include "nlohmann/json.hpp"
 #include "server/server.h"
@@ -183,8 +183,8 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
   model::DefaultToOneIntraOpThread();
   model::KeepFreedMemoryForReuse();
-  PRAXIS_ASSIGN_OR_RETURN(const model::WindowLayout warmup,
-                          model::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
+  PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry warmup,
+                          wire::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
   model::BackboneOptions backbone;
   PRAXIS_ASSIGN_OR_RETURN(backbone.device, model::ParseDevice(absl::GetFlag(FLAGS_device)));
   PRAXIS_ASSIGN_OR_RETURN(backbone.attention,

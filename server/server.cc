@@ -13,8 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
-#include "model/step_batch.h"
 #include "server/batch_runner.h"
+#include "wire/output_names.h"
+#include "wire/synthetic.h"
 
 namespace praxis::serve {
 namespace {
@@ -148,15 +149,20 @@ v1::ModelInfo PraxisServer::Info() const {
   info.set_max_response_bytes(l.max_response_bytes);
   info.set_max_message_bytes(options_.max_message_bytes);
   info.set_max_abs_input(l.max_abs_input);
-  for (const char* o : {"velocity", "cond", "embeddings", "positions"}) info.add_outputs(o);
-  for (size_t i = 0; i < runner_->config().encoder.tap_blocks.size(); ++i) {
-    info.add_outputs(absl::StrCat("tap.", i));
+  for (const char* o : {wire::kVelocity, wire::kCond, wire::kEmbeddings, wire::kPositions}) {
+    info.add_outputs(o);
   }
+  for (size_t i = 0; i < runner_->config().encoder.tap_blocks.size(); ++i) {
+    info.add_outputs(wire::TapName(static_cast<int>(i)));
+  }
+  info.set_text_dim(runner_->config().text_dim);
+  info.set_latent_channels(runner_->config().latent_channels());
   return info;
 }
 
-absl::Status PraxisServer::Warmup(const model::WindowLayout& layout) {
-  model::StepInputs in = model::SyntheticStep(runner_->config(), layout, 1, /*seed=*/0);
+absl::Status PraxisServer::Warmup(const wire::StepGeometry& layout) {
+  model::StepInputs in =
+      wire::SyntheticInputs(runner_->config().step_dims(), layout, 1, /*seed=*/0);
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
   // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;

@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "model/masks.h"
 #include "model/step_runner.h"
 #include "server/auth.h"
 #include "server/batching/batch_policy.h"
@@ -17,6 +16,7 @@
 #include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/praxis_service.h"
+#include "wire/step_inputs.h"
 
 namespace praxis::serve {
 
@@ -60,7 +60,7 @@ class PraxisServer {
 
   // Runs one synthetic step of `layout` (both towers) so that the first request pays no lazy
   // initialisation, then serves. The error of the step if it fails (the server stays NOT_SERVING).
-  absl::Status Warmup(const model::WindowLayout& layout);
+  absl::Status Warmup(const wire::StepGeometry& layout);
   // Stops serving and finishes the accepted work within `grace` (SPEC §7), in three bounded
   // phases: the batcher runs what is queued, then written answers reach their readers, then gRPC
   // cancels whatever is left. False when a batch was still running at the end (its worker is left

@@ -6,8 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "model/step_batch.h"
-#include "server/tensor_codec.h"
+#include "model/masks.h"
+#include "wire/step_codec.h"
+#include "wire/tensor_codec.h"
 
 namespace praxis::serve {
 namespace {
@@ -100,7 +101,7 @@ int64_t ResponseBytes(const OutputPlan& plan, const model::BackboneConfig& c,
                       const model::StepInputs& in, const model::StepCost& cost) {
   const int64_t b = in.noised.size(0), video = in.noised.numel() / in.noised.size(1);
   // DecodeOutputs accepted the wire dtype, so it has a torch dtype.
-  const int64_t wire = static_cast<int64_t>(c10::elementSize(*FromWireDtype(plan.wire_dtype, "")));
+  const int64_t wire = static_cast<int64_t>(c10::elementSize(*wire::FromWireDtype(plan.wire_dtype, "")));
   const int64_t features = b * cost.encoder_tokens * c.dim * wire;  // one tap, or embeddings
   return (plan.velocity ? in.noised.numel() * wire : 0) + (plan.cond ? video * c.dim * wire : 0) +
          static_cast<int64_t>(plan.taps.size()) * features + (plan.embeddings ? features : 0) +
@@ -134,20 +135,7 @@ absl::StatusOr<DecodedStep> Decode(const v1::StepRequest& r, const model::Backbo
                                    const StepLimits& limits) {
   DecodedStep step;
   model::StepInputs& in = step.inputs;
-  if (!r.has_text() || !r.has_anchor() || !r.has_noised() || !r.has_timesteps()) {
-    const char* missing = !r.has_text()     ? "text"
-                          : !r.has_anchor() ? "anchor"
-                          : !r.has_noised() ? "noised"
-                                            : "timesteps";
-    return absl::InvalidArgumentError(absl::StrCat(missing, ": expected a tensor, got none"));
-  }
-  PRAXIS_ASSIGN_OR_RETURN(in.text, DecodeTensor(r.text(), "text"));
-  PRAXIS_ASSIGN_OR_RETURN(in.anchor, DecodeTensor(r.anchor(), "anchor"));
-  PRAXIS_ASSIGN_OR_RETURN(in.noised, DecodeTensor(r.noised(), "noised"));
-  PRAXIS_ASSIGN_OR_RETURN(in.timesteps, DecodeTensor(r.timesteps(), "timesteps"));
-  if (r.has_clean()) {
-    PRAXIS_ASSIGN_OR_RETURN(in.clean, DecodeTensor(r.clean(), "clean"));
-  }
+  PRAXIS_RETURN_IF_ERROR(wire::DecodeInputTensors(r, &in));
   if (r.frames_per_chunk() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("frames_per_chunk: expected >= 1, got ", r.frames_per_chunk()));

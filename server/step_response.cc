@@ -6,7 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/tensor_codec.h"
+#include "wire/output_names.h"
+#include "wire/tensor_codec.h"
 
 namespace praxis::serve {
 namespace {
@@ -43,17 +44,18 @@ void StepResponder::SetHeader(const StepResult& r, const OutputPlan& plan,
   const model::BackboneOutput& o = r.output;
   const model::EncoderFeatures& f = o.features;
   std::vector<std::pair<std::string, const torch::Tensor*>> wanted;
-  if (plan.velocity) wanted.emplace_back("velocity", &o.velocity);
-  if (plan.cond) wanted.emplace_back("cond", &o.cond);
-  for (int t : plan.taps) wanted.emplace_back(absl::StrCat("tap.", t), &f.taps.at(t));
-  if (plan.embeddings) wanted.emplace_back("embeddings", &f.embeddings);
-  if (plan.positions) wanted.emplace_back("positions", &f.positions);
+  if (plan.velocity) wanted.emplace_back(wire::kVelocity, &o.velocity);
+  if (plan.cond) wanted.emplace_back(wire::kCond, &o.cond);
+  for (int t : plan.taps) wanted.emplace_back(wire::TapName(t), &f.taps.at(t));
+  if (plan.embeddings) wanted.emplace_back(wire::kEmbeddings, &f.embeddings);
+  if (plan.positions) wanted.emplace_back(wire::kPositions, &f.positions);
   v1::StepHeader& h = header_;
   h.set_layout_key(r.layout_key);
   h.set_request_id(request_id);
   for (const auto& [name, tensor] : wanted) {
-    const torch::ScalarType target = WireTarget(*tensor, plan.wire_dtype).value();  // may throw
-    const v1::DType wire = ToWireDtype(target).value();
+    // May throw; Create turns it into an error.
+    const torch::ScalarType target = wire::WireTarget(*tensor, plan.wire_dtype).value();
+    const v1::DType wire_dtype = wire::ToWireDtype(target).value();
     torch::Tensor flat = tensor->to(torch::kCPU).contiguous().view({-1});
     // A row slice of a batch keeps the whole batch's tensor alive: own just these rows.
     if (flat.storage().nbytes() > flat.nbytes()) flat = flat.clone();
@@ -61,7 +63,7 @@ void StepResponder::SetHeader(const StepResult& r, const OutputPlan& plan,
     const int64_t nbytes = out.flat.numel() * static_cast<int64_t>(c10::elementSize(out.wire));
     v1::TensorHeader* th = h.add_tensors();
     th->set_name(name);
-    th->set_dtype(wire);
+    th->set_dtype(wire_dtype);
     for (int64_t d : tensor->sizes()) th->add_shape(d);
     th->set_nbytes(nbytes);
     tensor_bytes_ += nbytes;

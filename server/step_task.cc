@@ -3,14 +3,14 @@
 #include <utility>
 
 #include "common/check.h"
-#include "model/step_batch.h"
+#include "wire/layout_key.h"
 
 namespace praxis::serve {
 
 StepTask::StepTask(DecodedStep step, absl::Time deadline,
                    std::shared_ptr<const std::atomic<bool>> cancelled, Done done)
     : step_(std::move(step)),
-      layout_key_(model::LayoutKey(step_.inputs)),
+      layout_key_(wire::LayoutKey(step_.inputs)),
       deadline_(deadline),
       accepted_(absl::Now()),
       cancelled_(std::move(cancelled)),

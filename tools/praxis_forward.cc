@@ -15,8 +15,9 @@
 #include "common/usage.h"
 #include "model/backbone.h"
 #include "model/model_loader.h"
-#include "model/safetensors.h"
-#include "model/step_io.h"
+#include "wire/layout_key.h"
+#include "wire/safetensors.h"
+#include "wire/step_file.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, config, "",
@@ -44,8 +45,8 @@ namespace {
 
 absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in,
-                          ReadStepInputs(path, absl::GetFlag(FLAGS_frames_per_chunk)));
-  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts)));
+                          wire::ReadStepInputs(path, absl::GetFlag(FLAGS_frames_per_chunk)));
+  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
   in.decode = absl::GetFlag(FLAGS_decode);
   return in;
 }
@@ -75,7 +76,7 @@ absl::Status Run() {
       {"frames_per_chunk", absl::StrCat(f.frames_per_chunk)},
       {"tokens_per_frame", absl::StrCat(f.tokens_per_frame)},
       {"n_chunks", absl::StrCat(f.n_chunks)}};
-  return WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata);
+  return wire::WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata);
 }
 
 }  // namespace

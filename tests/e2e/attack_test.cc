@@ -36,7 +36,7 @@
 #include "model/config.h"
 #include "model/masks.h"
 #include "model/model_loader.h"
-#include "model/step_batch.h"
+#include "wire/synthetic.h"
 #include "tests/e2e/server_process.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
@@ -77,9 +77,9 @@ const model::BackboneConfig& TinyConfig() {
 // A valid request of `layout` (anchor grid = noised grid) asking for `outputs`.
 v1::StepRequest LayoutRequest(int64_t text_len, int64_t h, int64_t w, int64_t k, int64_t f,
                               bool decode, std::vector<std::string> outputs) {
-  const model::WindowLayout layout{
-      .anchor_h = h, .anchor_w = w, .text_len = text_len, .k = k, .f = f, .h = h, .w = w};
-  model::StepInputs in = model::SyntheticStep(TinyConfig(), layout, 1, /*seed=*/7);
+  const wire::StepGeometry layout{
+      .text_len = text_len, .anchor_h = h, .anchor_w = w, .k = k, .f = f, .h = h, .w = w};
+  model::StepInputs in = wire::SyntheticInputs(TinyConfig().step_dims(), layout, 1, /*seed=*/7);
   in.decode = decode;
   client::RequestOptions o;
   o.outputs = std::move(outputs);

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 namespace {
 
@@ -32,7 +32,7 @@ void Fail(const std::string& what) {
 }
 
 // The parser under test, given the file's bytes.
-absl::StatusOr<std::unique_ptr<praxis::model::SafetensorsFile>> Parse(const uint8_t* data,
+absl::StatusOr<std::unique_ptr<praxis::wire::SafetensorsFile>> Parse(const uint8_t* data,
                                                                       size_t size) {
   static const int fd = [] {
     const int fd = memfd_create("safetensors_fuzzer", MFD_CLOEXEC);
@@ -43,16 +43,16 @@ absl::StatusOr<std::unique_ptr<praxis::model::SafetensorsFile>> Parse(const uint
   if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) {
     Fail("cannot write the memfd");
   }
-  return praxis::model::SafetensorsFile::Open(path);
+  return praxis::wire::SafetensorsFile::Open(path);
 }
 
-void CheckAccepted(const praxis::model::SafetensorsFile& file, const uint8_t* data, size_t size) {
+void CheckAccepted(const praxis::wire::SafetensorsFile& file, const uint8_t* data, size_t size) {
   uint64_t header_bytes = 0;  // little-endian, as the format and this host are
   std::copy_n(data, 8, reinterpret_cast<uint8_t*>(&header_bytes));
   const uint64_t data_bytes = size - 8 - header_bytes;  // Open checked header_bytes <= size - 8
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const std::string& name : file.names()) {
-    const praxis::model::TensorInfo* info = file.info(name);
+    const praxis::wire::TensorInfo* info = file.info(name);
     if (info == nullptr) Fail("a listed name has no entry");
     if (info->begin > info->end || info->end > data_bytes) Fail("range outside the data: " + name);
     uint64_t numel = 1;
@@ -79,7 +79,7 @@ void CheckAccepted(const praxis::model::SafetensorsFile& file, const uint8_t* da
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<std::unique_ptr<praxis::model::SafetensorsFile>> file = Parse(data, size);
+  absl::StatusOr<std::unique_ptr<praxis::wire::SafetensorsFile>> file = Parse(data, size);
   if (file.ok()) CheckAccepted(**file, data, size);
   return 0;
 }

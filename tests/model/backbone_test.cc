@@ -9,10 +9,12 @@
 #include <string>
 
 #include "model/checkpoint.h"
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 namespace praxis::model {
 namespace {
+
+using wire::SafetensorsFile;
 
 // The tiny checkpoint and goldens written by tests/reference/make_tiny.py (a CTest fixture).
 std::string TinyDir() {

@@ -18,9 +18,13 @@
 
 #include "common/file_util.h"
 #include "model/checkpoint.h"
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 namespace praxis::model {
+
+using wire::LoadMode;
+using wire::SafetensorsFile;
+using wire::WriteSafetensors;
 
 using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 

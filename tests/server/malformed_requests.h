@@ -14,11 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "praxis/v1/praxis.pb.h"
-#include "server/tensor_codec.h"
+#include "wire/tensor_codec.h"
 
 namespace praxis::serve::fixtures {
 
-inline v1::Tensor Wire(const torch::Tensor& t) { return *EncodeTensor(t, v1::FLOAT32); }
+inline v1::Tensor Wire(const torch::Tensor& t) { return *wire::EncodeTensor(t, v1::FLOAT32); }
 
 // A valid request for the tiny model: B = 1, K = 2, F = 1, h x w = 3 x 4, text 5.
 inline v1::StepRequest Valid() {
@@ -62,7 +62,7 @@ inline std::vector<Malformed> MalformedCases() {
       {"int64 noised",
        [](auto& r) {
          *r.mutable_noised() =
-             *EncodeTensor(torch::zeros({1, 16, 2, 3, 4}, torch::kInt64), v1::FLOAT32);
+             *wire::EncodeTensor(torch::zeros({1, 16, 2, 3, 4}, torch::kInt64), v1::FLOAT32);
        },
        "noised"},
       {"wrong channels",

@@ -17,12 +17,11 @@
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
 #include "model/model_loader.h"
-#include "model/step_batch.h"
-#include "model/step_io.h"
 #include "tests/server/gated_runner.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
 #include "tests/server/reflection_probe.h"
+#include "wire/synthetic.h"
 
 namespace praxis::serve {
 namespace {
@@ -93,7 +92,8 @@ class ServerTest : public ::testing::Test {
   // A request of `rows` rows for `layout` with inputs drawn from `seed`, asking for every output.
   static v1::StepRequest Request(const model::WindowLayout& layout, uint64_t seed,
                                  bool decode = true, int64_t rows = 1) {
-    model::StepInputs in = model::SyntheticStep(config(), layout, rows, seed);
+    model::StepInputs in =
+        wire::SyntheticInputs(config().step_dims(), model::GeometryOf(layout), rows, seed);
     in.decode = decode;
     client::RequestOptions o;
     o.outputs = {"cond", "taps", "embeddings", "positions"};

@@ -6,8 +6,9 @@
 #include <string>
 
 #include "model/model_loader.h"
-#include "model/step_batch.h"
+#include "server/step_batch.h"
 #include "server/step_request.h"
+#include "wire/layout_key.h"
 #include "tests/server/malformed_requests.h"
 
 namespace praxis::serve {
@@ -21,8 +22,8 @@ struct Answered {
     std::vector<model::StepInputs> rows(batch_rows, step.inputs);
     std::vector<const model::StepInputs*> ptrs;
     for (const auto& r : rows) ptrs.push_back(&r);
-    const model::BackboneOutput out = *model->Forward(model::StackSteps(ptrs));
-    result = StepResult{model::SliceRows(out, 0, 1), model::LayoutKey(step.inputs),
+    const model::BackboneOutput out = *model->Forward(StackSteps(ptrs));
+    result = StepResult{SliceRows(out, 0, 1), wire::LayoutKey(step.inputs),
                         absl::Milliseconds(1), absl::Milliseconds(2), batch_rows};
   }
   std::unique_ptr<model::VideoBackbone> model;

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "praxis/v1/praxis.pb.h"
 
-namespace praxis::serve {
+namespace praxis::wire {
 
 // The torch dtype of a wire dtype; InvalidArgument naming `field` for DTYPE_UNSPECIFIED or an
 // unknown value.
@@ -34,4 +34,4 @@ absl::StatusOr<torch::ScalarType> WireTarget(const torch::Tensor& t, v1::DType w
 // Row-major little-endian bytes of `t` converted to `wire`, all at once.
 absl::StatusOr<std::string> TensorBytes(const torch::Tensor& t, v1::DType wire);
 
-}  // namespace praxis::serve
+}  // namespace praxis::wire

@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include "common/file_util.h"
 #include "tests/model/promptly.h"
 
-namespace praxis::model {
+namespace praxis::wire {
 namespace {
 
 using ::testing::HasSubstr;
@@ -269,4 +269,4 @@ TEST(LoadModeTest, Parses) {
 }
 
 }  // namespace
-}  // namespace praxis::model
+}  // namespace praxis::wire

@@ -1,4 +1,4 @@
-#include "model/safetensors_header.h"
+#include "wire/safetensors_header.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 
-namespace praxis::model {
+namespace praxis::wire {
 namespace {
 
 using Json = nlohmann::json;
@@ -222,4 +222,4 @@ absl::StatusOr<std::string> SafetensorsDtypeName(torch::ScalarType dtype) {
       absl::StrCat("safetensors has no code for dtype ", c10::toString(dtype)));
 }
 
-}  // namespace praxis::model
+}  // namespace praxis::wire

@@ -1,8 +1,8 @@
-#include "server/tensor_codec.h"
+#include "wire/tensor_codec.h"
 
 #include <gtest/gtest.h>
 
-namespace praxis::serve {
+namespace praxis::wire {
 namespace {
 
 TEST(TensorCodecTest, RoundTripsEveryWireDtypeBitExactly) {
@@ -74,4 +74,4 @@ TEST(TensorCodecTest, RefusesShapesWhoseByteCountOverflows) {
 }
 
 }  // namespace
-}  // namespace praxis::serve
+}  // namespace praxis::wire

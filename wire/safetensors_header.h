@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace praxis::model {
+namespace praxis::wire {
 
 // The longest JSON header accepted. A real one is under 1 MiB even for thousands of tensors; the
 // parsed JSON takes up to ~10x its text, so the safetensors reference's 100 MB would let one file
@@ -60,4 +60,4 @@ absl::StatusOr<torch::ScalarType> SafetensorsDtype(absl::string_view name);
 // The safetensors dtype code ("F32", "BF16", ...) of a torch dtype; InvalidArgument if none.
 absl::StatusOr<std::string> SafetensorsDtypeName(torch::ScalarType dtype);
 
-}  // namespace praxis::model
+}  // namespace praxis::wire

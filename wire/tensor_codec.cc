@@ -1,4 +1,4 @@
-#include "server/tensor_codec.h"
+#include "wire/tensor_codec.h"
 
 #include <bit>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 
-namespace praxis::serve {
+namespace praxis::wire {
 namespace {
 
 static_assert(std::endian::native == std::endian::little,
@@ -110,4 +110,4 @@ absl::StatusOr<v1::Tensor> EncodeTensor(const torch::Tensor& t, v1::DType wire) 
   return out;
 }
 
-}  // namespace praxis::serve
+}  // namespace praxis::wire

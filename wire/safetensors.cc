@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "wire/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,7 +18,7 @@
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
 
-namespace praxis::model {
+namespace praxis::wire {
 namespace {
 
 absl::Status InFile(const std::string& path, const absl::Status& s) {
@@ -213,4 +213,4 @@ absl::Status WriteSafetensors(const std::string& path,
   return absl::OkStatus();
 }
 
-}  // namespace praxis::model
+}  // namespace praxis::wire

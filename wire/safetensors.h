@@ -17,9 +17,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/file_util.h"
-#include "model/safetensors_header.h"
+#include "wire/safetensors_header.h"
 
-namespace praxis::model {
+namespace praxis::wire {
 
 // How a SafetensorsFile hands out tensor bytes (the server's --load flag).
 enum class LoadMode {
@@ -95,4 +95,4 @@ absl::Status WriteSafetensors(const std::string& path,
                               std::vector<std::pair<std::string, torch::Tensor>> tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
-}  // namespace praxis::model
+}  // namespace praxis::wire

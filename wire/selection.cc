@@ -1,0 +1,43 @@
+#include "wire/selection.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "wire/output_names.h"
+
+namespace praxis::wire {
+
+absl::StatusOr<v1::DType> ParseWireDtype(const std::string& name) {
+  if (name == "float32") return v1::FLOAT32;
+  if (name == "bfloat16") return v1::BFLOAT16;
+  if (name == "float16") return v1::FLOAT16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("wire dtype: expected float32, bfloat16 or float16, got \"", name, "\""));
+}
+
+absl::StatusOr<v1::OutputSelection> ParseOutputs(const std::vector<std::string>& names) {
+  v1::OutputSelection o;
+  for (const std::string& n : names) {
+    int tap = 0;
+    if (n == kVelocity) {
+      o.set_velocity(true);
+    } else if (n == kCond) {
+      o.set_cond(true);
+    } else if (n == kAllTaps) {
+      o.set_all_taps(true);
+    } else if (absl::StartsWith(n, "tap.") && absl::SimpleAtoi(n.substr(4), &tap)) {
+      o.add_taps(tap);
+    } else if (n == kEmbeddings) {
+      o.set_embeddings(true);
+    } else if (n == kPositions) {
+      o.set_positions(true);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs: expected velocity, cond, taps, tap.N, embeddings or positions, got \"", n,
+          "\""));
+    }
+  }
+  return o;
+}
+
+}  // namespace praxis::wire
