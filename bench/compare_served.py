@@ -32,49 +32,22 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "client"))  # server_process: the one harness
 from compare_reference import LAYOUTS, cpu_description  # noqa: E402  (puts tests/reference on the path)
 from make_tiny import write_checkpoint  # noqa: E402
 from serve_load import run_load  # noqa: E402
+from server_process import DEFAULT_FLAGS, Server  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 SIDES = ("C++", "Python")
-
-
-def start_server(cmd: list[str], port_file: str, name: str, log: str) -> tuple[subprocess.Popen, int]:
-    """Starts `cmd` (which writes `port_file` once serving) and returns it with its port."""
-    with open(log, "w", encoding="utf-8") as out:
-        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    for _ in range(1200):
-        if os.path.exists(port_file):
-            with open(port_file, encoding="utf-8") as f:
-                return server, json.load(f)["port"]
-        if server.poll() is not None:
-            with open(log, encoding="utf-8") as f:
-                tail = f.read()[-2000:]
-            sys.exit(f"{name} exited with {server.returncode}: {shlex.join(cmd)}\n{tail}")
-        time.sleep(0.1)
-    server.kill()
-    sys.exit(f"{name} did not write its port file in 120 s: {shlex.join(cmd)}")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within 30 s."""
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 def parity_inputs(cfg: dict, layout: str, seed: int) -> dict:
@@ -121,14 +94,20 @@ def compare(a: dict, b: dict) -> tuple[float, float, str]:
     return worst_abs, worst_rel, "; ".join(problems)
 
 
-def side_command(side: str, a: argparse.Namespace, checkpoint: str, port_file: str) -> list[str]:
-    """The server command line of `side` serving `checkpoint` with `--threads` intra-op threads."""
+def start_side(side: str, a: argparse.Namespace, checkpoint: str) -> Server:
+    """The server of `side` serving `checkpoint` with `--threads` intra-op threads, on loopback port
+    0 and serving; exits the program, with the server's output, if it does not come up."""
     if side == "C++":
-        return [os.path.join(a.build, "server", "praxis-server"), f"--checkpoint={checkpoint}",
-                f"--threads={a.threads}", "--port=0", f"--port_file={port_file}",
-                "--metrics_port=-1"] + shlex.split(a.cpp_flags)
-    return [a.python, os.path.join(HERE, "python_server.py"), f"--checkpoint={checkpoint}",
-            f"--threads={a.threads}", "--port=0", f"--port_file={port_file}"] + shlex.split(a.py_flags)
+        binary, flags = os.path.join(a.build, "server", "praxis-server"), a.cpp_flags
+        default_flags = DEFAULT_FLAGS
+    else:
+        binary, flags = [a.python, os.path.join(HERE, "python_server.py")], a.py_flags
+        default_flags = ("--host=127.0.0.1", "--port=0")
+    try:
+        return Server(f"--checkpoint={checkpoint}", f"--threads={a.threads}", *shlex.split(flags),
+                      binary=binary, default_flags=default_flags)
+    except RuntimeError as e:
+        sys.exit(f"the {side} server: {e}")
 
 
 def main() -> int:
@@ -177,19 +156,16 @@ def main() -> int:
             runs: dict = {}
             answers = {}
             for side in SIDES:
-                port_file = os.path.join(tmp, f"port.{config}.{side}")
-                log = os.path.join(tmp, f"{config}.{side}.log")
-                server, port = start_server(side_command(side, a, checkpoint, port_file), port_file,
-                                            f"the {side} server", log)
+                server = start_side(side, a, checkpoint)
                 try:
-                    answers[side] = parity_step(port, inputs)
+                    answers[side] = parity_step(server.port, inputs)
                     for layout in layouts:
                         for n in callers:
                             runs[side, layout, n] = [
-                                run_load(a.build, port, layout, n, a.duration, server.pid, tmp)
-                                for _ in range(a.repeats)]
+                                run_load(a.build, server.port, layout, n, a.duration, server.proc.pid,
+                                         tmp) for _ in range(a.repeats)]
                 finally:
-                    stop_server(server)
+                    server.stop()
             worst, rel, problems = compare(answers["C++"], answers["Python"])
             dtype = answers["C++"]["dtype"]
             if dtype == "float32":
