@@ -137,18 +137,17 @@ def test_calls_without_the_header_are_spread(fleet):
     assert sum(answered.values()) == 16 and sum(1 for n in answered.values() if n) > 1, answered
 
 
-def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement, capsys):
-    rows, layouts = placement["rows"], placement["layouts"]
-    homes = {}
-    for key, delta in rows.items():
-        assert len(landed(delta)) == 1, f"{key} has no single replica; see the placement test"
-        homes[key] = landed(delta)[0]
+# A drain under load: the replica stopped, its layouts, the load, its exit status and how long after
+# SIGTERM it came.
+Drain = collections.namedtuple("Drain", "victim moved load code seconds")
+
+
+def drain_under_load(fleet, layouts, homes):
+    """SIGTERM to the replica with the most layouts while Load runs through nginx; the load stops
+    once each of its layouts has been served twice more, by the others, after it exited."""
     owned = collections.Counter(homes.values())
     victim = max(fleet.live, key=lambda i: (owned[i], -i))  # the replica with the most layouts
     moved = [k for k, h in homes.items() if h == victim]
-    first_call = len(fleet.nginx.access_log())
-    start = fleet.counts()
-
     load = Load(fleet, list(layouts.values()))
     try:
         began = time.monotonic()
@@ -164,48 +163,47 @@ def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement
                   lambda: all(load.served(moved, exited)[k] >= 2 for k in moved))
     finally:
         load.stop()
-    assert load.failures == [], f"calls lost under the drain: {load.failures[:5]}"
-    assert code == 0, fleet.replicas[victim].log()
-    log = fleet.replicas[victim].log()
+    return Drain(victim, moved, load, code, exited - sigterm)
+
+
+def check_drained_replica(fleet, drain):
+    """No call lost; the drained replica exited 0 having answered every step it accepted. Its stop
+    line (a re.Match: accepted, answered)."""
+    assert drain.load.failures == [], f"calls lost under the drain: {drain.load.failures[:5]}"
+    log = fleet.replicas[drain.victim].log()
+    assert drain.code == 0, log
     stop_line = re.search(r"stopped after \d+ batches: (\d+) steps accepted, (\d+) answered OK.*",
                           log)
     assert stop_line, f"no stop line in the drained replica's output:\n{log}"
     accepted, answered = map(int, stop_line.groups())
     assert accepted == answered, f"the drained replica answered {answered} of {accepted} steps"
+    return stop_line
 
-    # Where the layouts are now: each sent alone again, through the two replicas left.
+
+def check_layouts_after_the_drain(fleet, layouts, homes, drain, capsys):
+    """Each layout sent alone again through the replicas left: one replica each, the moved ones
+    anywhere, the others where they were, no masks built again. {key: {replica: Counts delta}}."""
     after_rows = {}
     for key, layout in layouts.items():
         _, after_rows[key] = fleet.send_alone(layout, 2)
-    end = fleet.counts()
-    notes = {k: f"moved from r{victim}" for k in moved}
-    report(capsys, table(fleet, after_rows, f"after SIGTERM to {fleet.name(victim)}: each layout "
-                         "sent alone (2 steps) through nginx", notes))
+    notes = {k: f"moved from r{drain.victim}" for k in drain.moved}
+    report(capsys, table(fleet, after_rows, f"after SIGTERM to {fleet.name(drain.victim)}: each "
+                         "layout sent alone (2 steps) through nginx", notes))
     for key, delta in after_rows.items():
         assert len(landed(delta)) == 1, f"{key}: answered by {landed(delta)}: {delta}"
-        if key not in moved:
+        if key not in drain.moved:
             assert landed(delta) == [homes[key]], f"{key} left {fleet.name(homes[key])}, which " \
                 "still serves: the ring moved more than the stopped replica's layouts"
         assert all(d.masks == 0 for d in delta.values()), \
             f"{key}: masks built again after the load had warmed its new replica: {delta}"
-    # Each moved layout built its masks once, on one replica, while the load ran; the others none.
-    built = sum(end[i].masks - start[i].masks for i in fleet.live)
-    assert built == MASKS_PER_LAYOUT * len(moved), \
-        f"{built} masks built by {fleet.live} since the drain began, expected " \
-        f"{MASKS_PER_LAYOUT} for each of {len(moved)} moved layouts"
+    return after_rows
 
-    # Every step the clients got was answered by exactly one replica, and no refusal but the
-    # drained replica's UNAVAILABLE reached them.
-    assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
-        f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
-    client_ok = len(load.done) + 2 * len(layouts)
-    # The stop line counts Session steps too.
-    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered - start[victim].ok
-                - start[victim].session)
-    assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
+
+def check_nginx_saw_only_the_drain(fleet, first_call, victim_address):
+    """nginx's logs since `first_call`: the only refusals and next-replica moves are the drained
+    replica's, and its error log names no other. (refused calls, moved calls, error lines)."""
     calls = [c for c in fleet.nginx.access_log()[first_call:] if c["uri"].endswith("/Step")]
     refused = [c for c in calls if c["grpc"] != 0]
-    victim_address = fleet.replicas[victim].address
 
     def the_victims(c):  # UNAVAILABLE from it while it drained, or nginx's 502 for it
         return victim_address in c["upstreams"] and (
@@ -219,23 +217,66 @@ def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement
               if re.search(r"\[(warn|error|crit|alert|emerg)\]", l)]
     assert all(f'upstream: "grpc://{victim_address}' in l for l in errors), \
         "nginx logged a problem not about the stopped replica:\n" + "\n".join(errors)
-    report(capsys, "\n".join([
-        f"drain: SIGTERM to {fleet.name(victim)} under load ({LOAD_THREADS} client threads, "
-        f"{len(layouts)} layouts); it exited {code} {exited - sigterm:.2f} s after the signal",
+    return refused, next_upstream, errors
+
+
+def drain_report(fleet, layouts, drain, stop_line, nginx_seen, after_rows, totals):
+    """The drain's summary for the test log; totals: (fleet_ok, client_ok, masks built)."""
+    refused, next_upstream, errors = nginx_seen
+    fleet_ok, client_ok, built = totals
+    victim_address = fleet.replicas[drain.victim].address
+    return "\n".join([
+        f"drain: SIGTERM to {fleet.name(drain.victim)} under load ({LOAD_THREADS} client threads, "
+        f"{len(layouts)} layouts); it exited {drain.code} {drain.seconds:.2f} s after the signal",
         f"  server: {stop_line.group(0)}",
-        f"  clients: {len(load.done)} steps under load, all OK, {len(load.failures)} lost; "
-        f"{sum(1 for c in refused if c['grpc'] == 14)} UNAVAILABLE answers (draining) and "
+        f"  clients: {len(drain.load.done)} steps under load, all OK, {len(drain.load.failures)} "
+        f"lost; {sum(1 for c in refused if c['grpc'] == 14)} UNAVAILABLE answers (draining) and "
         f"{sum(1 for c in refused if c['status'] == 502)} nginx 502s, each retried by the "
         "client to success",
         f"  nginx: {len(next_upstream)} calls moved to the next replica by nginx itself; "
         f"{len(errors)} error-log lines, all about {victim_address}:",
         *(f"    {l}" for l in errors),
-        f"  layouts: {len(moved)} moved ("
+        f"  layouts: {len(drain.moved)} moved ("
         + ", ".join(f"{n} to {fleet.name(i)}" for i, n in sorted(collections.Counter(
-            landed(after_rows[k])[0] for k in moved).items()))
-        + f"), {len(layouts) - len(moved)} stayed where they were",
+            landed(after_rows[k])[0] for k in drain.moved).items()))
+        + f"), {len(layouts) - len(drain.moved)} stayed where they were",
         f"  fleet: {fleet_ok} steps answered = {client_ok} received by the clients; "
-        f"{built} masks built since the drain began = {MASKS_PER_LAYOUT} x {len(moved)} moved"]))
+        f"{built} masks built since the drain began = {MASKS_PER_LAYOUT} x {len(drain.moved)} "
+        "moved"])
+
+
+def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement, capsys):
+    rows, layouts = placement["rows"], placement["layouts"]
+    homes = {}
+    for key, delta in rows.items():
+        assert len(landed(delta)) == 1, f"{key} has no single replica; see the placement test"
+        homes[key] = landed(delta)[0]
+    first_call = len(fleet.nginx.access_log())
+    start = fleet.counts()
+    drain = drain_under_load(fleet, layouts, homes)
+    stop_line = check_drained_replica(fleet, drain)
+    answered = int(stop_line.group(2))
+    after_rows = check_layouts_after_the_drain(fleet, layouts, homes, drain, capsys)
+    end = fleet.counts()
+    # Each moved layout built its masks once, on one replica, while the load ran; the others none.
+    built = sum(end[i].masks - start[i].masks for i in fleet.live)
+    assert built == MASKS_PER_LAYOUT * len(drain.moved), \
+        f"{built} masks built by {fleet.live} since the drain began, expected " \
+        f"{MASKS_PER_LAYOUT} for each of {len(drain.moved)} moved layouts"
+
+    # Every step the clients got was answered by exactly one replica, and no refusal but the
+    # drained replica's UNAVAILABLE reached them.
+    assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
+        f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
+    client_ok = len(drain.load.done) + 2 * len(layouts)
+    # The stop line counts Session steps too.
+    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered
+                - start[drain.victim].ok - start[drain.victim].session)
+    assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
+    nginx_seen = check_nginx_saw_only_the_drain(fleet, first_call,
+                                                fleet.replicas[drain.victim].address)
+    report(capsys, drain_report(fleet, layouts, drain, stop_line, nginx_seen, after_rows,
+                                (fleet_ok, client_ok, built)))
 
 
 def envoy_config():
