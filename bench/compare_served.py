@@ -32,49 +32,22 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "client"))  # server_process: the one harness
 from compare_reference import LAYOUTS, cpu_description  # noqa: E402  (puts tests/reference on the path)
 from make_tiny import write_checkpoint  # noqa: E402
 from serve_load import run_load  # noqa: E402
+from server_process import DEFAULT_FLAGS, Server  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 SIDES = ("C++", "Python")
-
-
-def start_server(cmd: list[str], port_file: str, name: str, log: str) -> tuple[subprocess.Popen, int]:
-    """Starts `cmd` (which writes `port_file` once serving) and returns it with its port."""
-    with open(log, "w", encoding="utf-8") as out:
-        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    for _ in range(1200):
-        if os.path.exists(port_file):
-            with open(port_file, encoding="utf-8") as f:
-                return server, json.load(f)["port"]
-        if server.poll() is not None:
-            with open(log, encoding="utf-8") as f:
-                tail = f.read()[-2000:]
-            sys.exit(f"{name} exited with {server.returncode}: {shlex.join(cmd)}\n{tail}")
-        time.sleep(0.1)
-    server.kill()
-    sys.exit(f"{name} did not write its port file in 120 s: {shlex.join(cmd)}")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within 30 s."""
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 def parity_inputs(cfg: dict, layout: str, seed: int) -> dict:
@@ -121,18 +94,24 @@ def compare(a: dict, b: dict) -> tuple[float, float, str]:
     return worst_abs, worst_rel, "; ".join(problems)
 
 
-def side_command(side: str, a: argparse.Namespace, checkpoint: str, port_file: str) -> list[str]:
-    """The server command line of `side` serving `checkpoint` with `--threads` intra-op threads."""
+def start_side(side: str, a: argparse.Namespace, checkpoint: str) -> Server:
+    """The server of `side` serving `checkpoint` with `--threads` intra-op threads, on loopback port
+    0 and serving; exits the program, with the server's output, if it does not come up."""
     if side == "C++":
-        return [os.path.join(a.build, "server", "praxis-server"), f"--checkpoint={checkpoint}",
-                f"--threads={a.threads}", "--port=0", f"--port_file={port_file}",
-                "--metrics_port=-1"] + shlex.split(a.cpp_flags)
-    return [a.python, os.path.join(HERE, "python_server.py"), f"--checkpoint={checkpoint}",
-            f"--threads={a.threads}", "--port=0", f"--port_file={port_file}"] + shlex.split(a.py_flags)
+        binary, flags = os.path.join(a.build, "server", "praxis-server"), a.cpp_flags
+        default_flags = DEFAULT_FLAGS
+    else:
+        binary, flags = [a.python, os.path.join(HERE, "python_server.py")], a.py_flags
+        default_flags = ("--host=127.0.0.1", "--port=0")
+    try:
+        return Server(f"--checkpoint={checkpoint}", f"--threads={a.threads}", *shlex.split(flags),
+                      binary=binary, default_flags=default_flags)
+    except RuntimeError as e:
+        sys.exit(f"the {side} server: {e}")
 
 
-def main() -> int:
-    """Runs the comparison and prints the table."""
+def parse_args() -> argparse.Namespace:
+    """The command line, checked: known layouts, the build's praxis-server and praxis-load."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(ROOT, "build"), help="holds server/praxis-server "
                    "and client/praxis-load")
@@ -154,13 +133,86 @@ def main() -> int:
                         "operations: largest rms(C++ - Python) / rms(C++) of any output")
     p.add_argument("--json", default="", help="also write every run here")
     a = p.parse_args()
-    layouts, callers = a.layouts.split(","), [int(c) for c in a.callers.split(",")]
-    for layout in layouts:
+    for layout in a.layouts.split(","):
         if layout not in LAYOUTS:
             p.error(f"--layouts: expected names among {', '.join(LAYOUTS)}, got {layout!r}")
     for tool in ("server/praxis-server", "client/praxis-load"):
         if not os.access(os.path.join(a.build, tool), os.X_OK):
             p.error(f"--build: no executable {tool} under {a.build}")
+    return a
+
+
+def measure(a: argparse.Namespace, config: str, layouts: list[str], callers: list[int],
+            tmp: str) -> tuple[dict, dict]:
+    """For each side in turn, on one checkpoint of `config`: the parity step's answers {side: ...}
+    and the praxis-load runs {(side, layout, callers): [run, ...]}."""
+    config_path = os.path.join(ROOT, "configs", f"{config}.json")
+    checkpoint = os.path.join(tmp, config)
+    write_checkpoint(checkpoint, config_path, a.seed)
+    with open(config_path, encoding="utf-8") as f:
+        inputs = parity_inputs(json.load(f)["backbone"], layouts[0], a.seed + 1)
+    runs: dict = {}
+    answers = {}
+    for side in SIDES:
+        server = start_side(side, a, checkpoint)
+        try:
+            answers[side] = parity_step(server.port, inputs)
+            for layout in layouts:
+                for n in callers:
+                    runs[side, layout, n] = [
+                        run_load(a.build, server.port, layout, n, a.duration, server.proc.pid, tmp)
+                        for _ in range(a.repeats)]
+        finally:
+            server.stop()
+    return answers, runs
+
+
+def parity(a: argparse.Namespace, config: str, layout: str, answers: dict) -> dict:
+    """The parity step's verdict within the dtype's limit, printed; the fields every cell carries."""
+    worst, rel, problems = compare(answers["C++"], answers["Python"])
+    dtype = answers["C++"]["dtype"]
+    if dtype == "float32":
+        ok, limit = worst <= a.parity_tol, f"max |d| <= {a.parity_tol:g}"
+    else:
+        ok, limit = rel <= a.parity_rel_rms, f"relative RMS <= {a.parity_rel_rms:g}"
+    ok &= not problems
+    print(f"\n{config} ({dtype}): parity step ({layout}, every output): max |C++ - Python| "
+          f"{worst:.2e}, relative RMS {rel:.2e} ({limit}): {'ok' if ok else 'MISMATCH'}"
+          f"{'; ' + problems if problems else ''}")
+    return {"dtype": dtype, "parity_max_abs": worst, "parity_rel_rms": rel, "parity_ok": ok}
+
+
+def cell_of(fields: dict, runs: dict, layout: str, n: int) -> dict:
+    """One (layout, callers) cell: each side's runs and medians, and the ratio C++ / Python."""
+    cell = {"config": fields["config"], "layout": layout, "callers": n, "dtype": fields["dtype"],
+            "parity_max_abs": fields["parity_max_abs"], "parity_rel_rms": fields["parity_rel_rms"],
+            "parity_ok": fields["parity_ok"]}
+    for side in SIDES:
+        r = runs[side, layout, n]
+        rps = [x["rps"] for x in r]
+        cell[side] = {"runs": r, "rps_median": statistics.median(rps),
+                      "rps_spread": max(rps) / min(rps) if min(rps) > 0 else float("inf"),
+                      "cpu_pct_median": statistics.median(x["cpu_pct"] for x in r),
+                      "errors": sum(x["errors"] for x in r)}
+    c, py = cell["C++"], cell["Python"]
+    cell["ratio"] = c["rps_median"] / py["rps_median"] if py["rps_median"] else float("inf")
+    return cell
+
+
+def print_cell(cell: dict) -> None:
+    """One row of the table."""
+    c, py = cell["C++"], cell["Python"]
+    errors = "".join(f"  {s} errors: {cell[s]['errors']}" for s in SIDES if cell[s]["errors"])
+    print(f"{cell['config']:6} {cell['layout']:6} {cell['callers']:>7} | {c['rps_median']:>8.1f} "
+          f"{c['rps_spread']:>6.2f} {c['cpu_pct_median']:>5.0f} | {py['rps_median']:>8.1f} "
+          f"{py['rps_spread']:>6.2f} {py['cpu_pct_median']:>5.0f} | {cell['ratio']:>6.2f}{errors}",
+          flush=True)
+
+
+def main() -> int:
+    """Runs the comparison and prints the table."""
+    a = parse_args()
+    layouts, callers = a.layouts.split(","), [int(c) for c in a.callers.split(",")]
     cpu = cpu_description()
     print(f"CPU: {cpu['model']} | ISA: {' '.join(cpu['isa'])} | cores: {cpu['cores']} | threads: "
           f"{a.threads} | repeats: {a.repeats} x {a.duration:g} s after 2 s warm-up", flush=True)
@@ -169,59 +221,16 @@ def main() -> int:
     cells, failed = [], False
     with tempfile.TemporaryDirectory(prefix="compare-served-") as tmp:
         for config in a.configs.split(","):
-            config_path = os.path.join(ROOT, "configs", f"{config}.json")
-            checkpoint = os.path.join(tmp, config)
-            write_checkpoint(checkpoint, config_path, a.seed)
-            with open(config_path, encoding="utf-8") as f:
-                inputs = parity_inputs(json.load(f)["backbone"], layouts[0], a.seed + 1)
-            runs: dict = {}
-            answers = {}
-            for side in SIDES:
-                port_file = os.path.join(tmp, f"port.{config}.{side}")
-                log = os.path.join(tmp, f"{config}.{side}.log")
-                server, port = start_server(side_command(side, a, checkpoint, port_file), port_file,
-                                            f"the {side} server", log)
-                try:
-                    answers[side] = parity_step(port, inputs)
-                    for layout in layouts:
-                        for n in callers:
-                            runs[side, layout, n] = [
-                                run_load(a.build, port, layout, n, a.duration, server.pid, tmp)
-                                for _ in range(a.repeats)]
-                finally:
-                    stop_server(server)
-            worst, rel, problems = compare(answers["C++"], answers["Python"])
-            dtype = answers["C++"]["dtype"]
-            if dtype == "float32":
-                ok, limit = worst <= a.parity_tol, f"max |d| <= {a.parity_tol:g}"
-            else:
-                ok, limit = rel <= a.parity_rel_rms, f"relative RMS <= {a.parity_rel_rms:g}"
-            ok &= not problems
-            failed |= not ok
-            print(f"\n{config} ({dtype}): parity step ({layouts[0]}, every output): max |C++ - Python| "
-                  f"{worst:.2e}, relative RMS {rel:.2e} ({limit}): {'ok' if ok else 'MISMATCH'}"
-                  f"{'; ' + problems if problems else ''}")
+            answers, runs = measure(a, config, layouts, callers, tmp)
+            fields = dict(parity(a, config, layouts[0], answers), config=config)
+            failed |= not fields["parity_ok"]
             print(f"{'config':6} {'layout':6} {'callers':>7} | {'C++ st/s':>8} {'spread':>6} {'CPU%':>5} | "
                   f"{'Py st/s':>8} {'spread':>6} {'CPU%':>5} | {'C++/Py':>6}  (medians)", flush=True)
             for layout in layouts:
                 for n in callers:
-                    cell = {"config": config, "layout": layout, "callers": n, "dtype": dtype,
-                            "parity_max_abs": worst, "parity_rel_rms": rel, "parity_ok": ok}
-                    for side in SIDES:
-                        r = runs[side, layout, n]
-                        rps = [x["rps"] for x in r]
-                        cell[side] = {"runs": r, "rps_median": statistics.median(rps),
-                                      "rps_spread": max(rps) / min(rps) if min(rps) > 0 else float("inf"),
-                                      "cpu_pct_median": statistics.median(x["cpu_pct"] for x in r),
-                                      "errors": sum(x["errors"] for x in r)}
-                        failed |= cell[side]["errors"] > 0
-                    c, py = cell["C++"], cell["Python"]
-                    cell["ratio"] = c["rps_median"] / py["rps_median"] if py["rps_median"] else float("inf")
-                    cells.append(cell)
-                    errors = "".join(f"  {s} errors: {cell[s]['errors']}" for s in SIDES if cell[s]["errors"])
-                    print(f"{config:6} {layout:6} {n:>7} | {c['rps_median']:>8.1f} {c['rps_spread']:>6.2f} "
-                          f"{c['cpu_pct_median']:>5.0f} | {py['rps_median']:>8.1f} {py['rps_spread']:>6.2f} "
-                          f"{py['cpu_pct_median']:>5.0f} | {cell['ratio']:>6.2f}{errors}", flush=True)
+                    cells.append(cell_of(fields, runs, layout, n))
+                    failed |= any(cells[-1][side]["errors"] > 0 for side in SIDES)
+                    print_cell(cells[-1])
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "duration_s": a.duration,

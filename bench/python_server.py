@@ -31,12 +31,14 @@ refused INVALID_ARGUMENT naming the field. Not served: TLS, tokens, reflection, 
 praxis-server's resource limits (cost, tokens, queue and message bytes, input magnitudes) —
 ModelInfo reports those limits as 0. Writes the port file ({"port", "metrics_port": null, "pid"},
 atomically) once warmed up and serving, like praxis-server's --port_file; SIGTERM/SIGINT stop it.
+
+Here: the command line, the service and main; the requests and answers are in
+python_server_codec.py, the model, its forward and the batcher in python_server_model.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import signal
@@ -45,8 +47,6 @@ import threading
 import time
 from concurrent import futures
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 DEFAULT_MAX_CHUNK_BYTES = 1 << 20  # praxis-server's --max_chunk_bytes default
 
 
@@ -103,291 +103,19 @@ def parse_layout(text: str) -> tuple[int, int, int, int, int]:
 
 ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.threads > 0:
-    # Before torch is imported: OpenMP reads these for threads that never call set_num_threads
+    # Before torch is imported (here and by the siblings): OpenMP reads these for threads that never call set_num_threads
     # (libgomp keeps the count per thread), so no thread of this process starts with all cores.
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(ARGS.threads)
 
 import grpc  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))  # the source tree's client, not a wheel
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-from praxis_client._proto import praxis_pb2 as pb  # noqa: E402  (stubs generated on first import)
+# The siblings put client/python and tests/reference on the path.
+from python_server_codec import StepFailure, Step, Result, answer, pb  # noqa: E402
+from python_server_model import Batcher, forward, load_model, use_threads  # noqa: E402
 from praxis_client._proto import praxis_pb2_grpc as pb_grpc  # noqa: E402
-from praxis_client.request import layout_key  # noqa: E402
-from praxis_ref.backbone import VideoBackbone, torch_dtype  # noqa: E402
 
-# Wire dtype -> (torch dtype, numpy dtype of its little-endian bytes); bfloat16 travels as its
-# 16-bit pattern, numpy having no bfloat16.
-WIRE = {pb.FLOAT32: (torch.float32, "<f4"), pb.BFLOAT16: (torch.bfloat16, "<i2"),
-        pb.FLOAT16: (torch.float16, "<f2"), pb.INT64: (torch.int64, "<i8")}
 SERVING = b"\x08\x01"  # a grpc.health.v1.HealthCheckResponse{status: SERVING}, encoded by hand
-
-
-class StepFailure(Exception):
-    """A step refused or failed with a gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-def invalid(message: str) -> StepFailure:
-    """An INVALID_ARGUMENT failure."""
-    return StepFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def use_threads(n: int) -> None:
-    """Gives the calling thread n intra-op threads (0: leave torch's default)."""
-    if n > 0:
-        torch.set_num_threads(n)
-
-
-# ------------------------------------------------------------------------------------------------
-# Requests
-
-
-def decode_tensor(t: "pb.Tensor", field: str) -> torch.Tensor:
-    """The float32 (int64 stays int64) tensor of a wire Tensor; INVALID_ARGUMENT naming `field`."""
-    if t.dtype not in WIRE:
-        raise invalid(f"{field}.dtype: expected FLOAT32, BFLOAT16, FLOAT16 or INT64, got {t.dtype}")
-    dtype, np_dtype = WIRE[t.dtype]
-    shape = tuple(t.shape)
-    if len(shape) > 8 or any(d < 0 for d in shape):
-        raise invalid(f"{field}.shape: expected at most 8 non-negative sizes, got {list(shape)}")
-    want = int(np.prod(shape, dtype=np.int64)) * np.dtype(np_dtype).itemsize
-    if len(t.data) != want:
-        raise invalid(f"{field}.data: expected {want} bytes for shape {list(shape)}, got {len(t.data)}")
-    x = torch.from_numpy(np.frombuffer(t.data, dtype=np_dtype).reshape(shape).copy())
-    if t.dtype == pb.BFLOAT16:
-        x = x.view(torch.bfloat16)
-    return x if dtype == torch.int64 else x.to(torch.float32)
-
-
-def output_names(o: "pb.OutputSelection", decode: bool, n_taps: int) -> list[str]:
-    """The requested outputs in praxis-server's answer order; INVALID_ARGUMENT as it refuses them."""
-    if o.all_taps and o.taps:
-        raise invalid("outputs.taps: expected none with all_taps, got a list")
-    taps = list(range(n_taps)) if o.all_taps else []
-    for t in o.taps:
-        if not 0 <= t < n_taps:
-            raise invalid(f"outputs.taps: expected indices in [0, {n_taps}), got {t}")
-        if t in taps:
-            raise invalid(f"outputs.taps: expected each index once, got {t} again")
-        taps.append(t)
-    if o.velocity and not decode:
-        raise invalid("outputs.velocity: expected decode = true to get a velocity")
-    names = (["velocity"] if o.velocity else []) + (["cond"] if o.cond else []) + \
-        [f"tap.{t}" for t in taps] + (["embeddings"] if o.embeddings else []) + \
-        (["positions"] if o.positions else [])
-    if not names:
-        raise invalid("outputs: expected at least one output, got none")
-    return names
-
-
-def expect_shape(x: torch.Tensor, field: str, want: tuple) -> None:
-    """INVALID_ARGUMENT unless x's shape is `want` (None entries match any size >= 1)."""
-    got = tuple(x.shape)
-    if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)) or \
-            any(g < 1 for g in got):
-        shown = ", ".join("*" if w is None else str(w) for w in want)
-        raise invalid(f"{field}: expected shape [{shown}] (sizes >= 1), got {list(got)}")
-
-
-class Step:
-    """One decoded, checked StepRequest."""
-
-    def __init__(self, r: "pb.StepRequest", cfg):
-        for name in ("text", "anchor", "noised", "timesteps"):
-            if not r.HasField(name):
-                raise invalid(f"{name}: expected a tensor, got none")
-        text, anchor = decode_tensor(r.text, "text"), decode_tensor(r.anchor, "anchor")
-        noised, timesteps = decode_tensor(r.noised, "noised"), decode_tensor(r.timesteps, "timesteps")
-        clean = decode_tensor(r.clean, "clean") if r.HasField("clean") else None
-        for t, name in ((text, "text"), (anchor, "anchor"), (noised, "noised"), (clean, "clean"),
-                        (timesteps, "timesteps")):
-            if t is not None and t.dtype != torch.float32:
-                raise invalid(f"{name}.dtype: expected FLOAT32, BFLOAT16 or FLOAT16, got INT64")
-        f = r.frames_per_chunk
-        if f < 1:
-            raise invalid(f"frames_per_chunk: expected >= 1, got {f}")
-        if len(r.rope_shifts) not in (0, 4):
-            raise invalid(f"rope_shifts: expected 0 or 4 values, got {len(r.rope_shifts)}")
-        self.outputs = output_names(r.outputs, r.decode, len(cfg.encoder.tap_blocks))
-        self.wire = r.wire_dtype or pb.FLOAT32
-        if self.wire not in (pb.FLOAT32, pb.BFLOAT16, pb.FLOAT16):
-            raise invalid(f"wire_dtype: expected FLOAT32, BFLOAT16 or FLOAT16, got {self.wire}")
-        c = cfg.latent_channels
-        expect_shape(noised, "noised", (None, c, None, None, None))
-        b, _, kf, h, w = noised.shape
-        if kf % f:
-            raise invalid(f"noised: expected frames K*F a multiple of frames_per_chunk {f}, got {kf}")
-        k = kf // f
-        expect_shape(text, "text", (b, None, cfg.text_dim))
-        expect_shape(anchor, "anchor", (b, c, 1, None, None))
-        expect_shape(timesteps, "timesteps", (b, k))
-        if (clean is None) != (k == 1):
-            raise invalid(f"clean: expected a tensor iff K > 1, K = {k}")
-        if clean is not None:
-            expect_shape(clean, "clean", (b, c, (k - 1) * f, h, w))
-        self.inputs = {"text": text, "anchor": anchor, "clean": clean, "noised": noised,
-                       "timesteps": timesteps}
-        self.frames_per_chunk, self.decode = f, r.decode
-        self.rope_shifts = tuple(r.rope_shifts) or (0, 0, 0, 0)
-        self.rows = b
-        self.request_id = r.request_id
-        self.key = layout_key(r)  # the clients' function: one layout key per language
-
-
-# ------------------------------------------------------------------------------------------------
-# The model
-
-
-def load_model(a: argparse.Namespace):
-    """(model, config.json text, model name) for the command line's --checkpoint or --config."""
-    if a.checkpoint:
-        model = VideoBackbone.from_checkpoint(a.checkpoint)
-        config_path, name = os.path.join(a.checkpoint, "config.json"), a.checkpoint
-    else:
-        from make_tiny import random_model
-        model = random_model(a.config, a.seed)
-        config_path, name = a.config, f"random:{a.config}:seed={a.seed}"
-    with open(config_path, encoding="utf-8") as f:
-        config_json = f.read()
-    if a.dtype:
-        for p in model.parameters():  # buffers (freqs, phases, expert_bias) stay float32
-            p.data = p.data.to(torch_dtype(a.dtype))
-    return model.eval(), config_json, name
-
-
-def forward(model, steps: list[Step]) -> tuple[dict[str, torch.Tensor], object]:
-    """Every output by name and the encoder features of one forward of the steps' rows stacked."""
-    def cat(name):
-        """The steps' `name` inputs stacked by rows (they share a layout), or None if absent."""
-        parts = [s.inputs[name] for s in steps]
-        return None if parts[0] is None else parts[0] if len(parts) == 1 else torch.cat(parts)
-    first = steps[0]
-    with torch.inference_mode():
-        out = model(cat("text"), cat("anchor"), cat("clean"), cat("noised"), cat("timesteps"),
-                    frames_per_chunk=first.frames_per_chunk, decode=first.decode,
-                    rope_shifts=first.rope_shifts)
-    ft = out.features
-    tensors = {"cond": out.cond, "embeddings": ft.embeddings, "positions": ft.positions}
-    if out.velocity is not None:
-        tensors["velocity"] = out.velocity
-    for i, tap in enumerate(ft.taps):
-        tensors[f"tap.{i}"] = tap
-    return tensors, ft
-
-
-class Result:
-    """What one step's answer needs from the forward it ran in."""
-
-    def __init__(self, tensors, features, rows: int, queue_s: float, compute_s: float):
-        self.tensors, self.features, self.batch_rows = tensors, features, rows
-        self.queue_s, self.compute_s = queue_s, compute_s
-
-
-class Batcher:
-    """--max_batch_size > 1: one worker thread runs queued steps of one layout as one forward."""
-
-    def __init__(self, model, max_rows: int, threads: int):
-        self.model, self.max_rows, self.threads = model, max_rows, threads
-        self.cv = threading.Condition()
-        self.queue: collections.deque = collections.deque()  # (step, queued time, future)
-        threading.Thread(target=self._work, name="batcher", daemon=True).start()
-
-    def submit(self, step: Step, queued: float) -> futures.Future:
-        """Queues `step` (decoded at `queued`); its Future gets the Result."""
-        fut: futures.Future = futures.Future()
-        with self.cv:
-            self.queue.append((step, queued, fut))
-            self.cv.notify()
-        return fut
-
-    def _take(self) -> list:
-        """The oldest queued step and the later ones of its layout, up to max_rows rows in all."""
-        with self.cv:
-            while not self.queue:
-                self.cv.wait()
-            first = self.queue.popleft()
-            batch, rows, rest = [first], first[0].rows, collections.deque()
-            while self.queue:
-                item = self.queue.popleft()
-                if item[0].key == first[0].key and rows + item[0].rows <= self.max_rows:
-                    batch.append(item)
-                    rows += item[0].rows
-                else:
-                    rest.append(item)
-            self.queue = rest
-            return batch
-
-    def _work(self) -> None:
-        """The worker: forwards batch after batch, forever."""
-        use_threads(self.threads)
-        while True:
-            batch = self._take()
-            start = time.perf_counter()
-            try:
-                tensors, ft = forward(self.model, [s for s, _, _ in batch])
-            except Exception as e:  # noqa: BLE001 — every waiting call must get an answer
-                for _, _, fut in batch:
-                    fut.set_exception(StepFailure(grpc.StatusCode.INTERNAL, f"forward: {e}"))
-                continue
-            compute = time.perf_counter() - start
-            total, row = sum(s.rows for s, _, _ in batch), 0
-            for step, queued, fut in batch:
-                mine = {n: t[row:row + step.rows] for n, t in tensors.items()}
-                fut.set_result(Result(mine, ft, total, start - queued, compute))
-                row += step.rows
-
-
-# ------------------------------------------------------------------------------------------------
-# Answers
-
-
-def span(s) -> "pb.Span":
-    """A wire Span of (start, length)."""
-    return pb.Span(start=s[0], length=s[1])
-
-
-def wire_bytes(t: torch.Tensor, wire: int) -> tuple[int, bytes]:
-    """(wire dtype, little-endian row-major bytes) of an output: floats in `wire`, int64 as is."""
-    if not t.is_floating_point():
-        return pb.INT64, t.contiguous().numpy().tobytes()
-    c = t.to(WIRE[wire][0]).contiguous()
-    if wire == pb.BFLOAT16:
-        c = c.view(torch.int16)
-    return wire, c.numpy().tobytes()
-
-
-def answer(step: Step, r: Result, accepted: float, max_chunk_bytes: int):
-    """The StepResponses of one step: header, chunks of each output in order, trailer."""
-    ft = r.features
-    queue_us, compute_us = int(r.queue_s * 1e6), int(r.compute_s * 1e6)
-    h = pb.StepHeader(layout_key=step.key, request_id=step.request_id, queue_us=queue_us,
-                      compute_us=compute_us, batch_rows=r.batch_rows,
-                      frames_per_chunk=ft.frames_per_chunk, tokens_per_frame=ft.tokens_per_frame,
-                      n_chunks=ft.n_chunks, register_span=span(ft.global_spans["register"]),
-                      anchor_span=span(ft.global_spans["anchor"]),
-                      text_span=span(ft.global_spans["text"]), noised_span=span(ft.noised_span))
-    if ft.clean_span is not None:
-        h.clean_span.CopyFrom(span(ft.clean_span))
-    blobs = []
-    for name in step.outputs:
-        t = r.tensors[name]
-        dtype, data = wire_bytes(t, step.wire)
-        h.tensors.add(name=name, dtype=dtype, shape=list(t.shape), nbytes=len(data))
-        blobs.append((name, data, np.dtype(WIRE[dtype][1]).itemsize))
-    yield pb.StepResponse(header=h)
-    for name, data, size in blobs:
-        per = max_chunk_bytes // size * size  # whole elements, as praxis-server cuts them
-        for off in range(0, len(data), per):
-            yield pb.StepResponse(chunk=pb.TensorChunk(name=name, offset=off, data=data[off:off + per]))
-    total_us = int((time.perf_counter() - accepted) * 1e6)
-    yield pb.StepResponse(trailer=pb.StepTrailer(queue_us=queue_us, compute_us=compute_us,
-                                                 total_us=total_us))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "client"))  # server_process: the one harness
 from compare_reference import LAYOUTS, cpu_description  # noqa: E402
+from server_process import Server  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -35,22 +37,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(build: str, config: str, batch: int, threads: int, tmp: str) -> tuple[subprocess.Popen, int]:
-    port_file = os.path.join(tmp, f"port.{time.monotonic_ns()}")
-    cmd = [os.path.join(build, "server", "praxis-server"), "--port=0", f"--port_file={port_file}",
-           "--metrics_port=-1", f"--max_batch_size={batch}", f"--threads={threads}"]
+def start_server(build: str, config: str, batch: int, threads: int) -> Server:
+    """The build's praxis-server on loopback port 0 serving `config` (tiny: the embedded model),
+    batching up to `batch` rows with `threads` intra-op threads; exits the program if it does not
+    come up within 60 s."""
+    flags = [f"--max_batch_size={batch}", f"--threads={threads}"]
     if config != "tiny":
-        cmd.append(f"--config={os.path.join(ROOT, 'configs', config + '.json')}")
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        if os.path.exists(port_file):
-            with open(port_file, encoding="utf-8") as f:
-                return server, json.load(f)["port"]
-        if server.poll() is not None:
-            sys.exit(f"praxis-server exited with {server.returncode}: {' '.join(cmd)}")
-        time.sleep(0.1)
-    server.kill()
-    sys.exit("praxis-server did not write its port file in 60 s")
+        flags.append(f"--config={os.path.join(ROOT, 'configs', config + '.json')}")
+    try:
+        return Server(*flags, binary=os.path.join(build, "server", "praxis-server"), timeout=60)
+    except RuntimeError as e:
+        sys.exit(str(e))
 
 
 def run_load(build: str, port: int, layout: str, callers: int, duration: float, pid: int,
@@ -97,12 +94,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs.split(","):
             for batching in a.batching.split(","):
-                server, port = start_server(a.build, config, 8 if batching == "on" else 1, a.threads, tmp)
+                server = start_server(a.build, config, 8 if batching == "on" else 1, a.threads)
                 try:
                     for layout in a.layouts.split(","):
                         for callers in (int(c) for c in a.callers.split(",")):
-                            runs = [run_load(a.build, port, layout, callers, a.duration, server.pid, tmp)
-                                    for _ in range(a.repeats)]
+                            runs = [run_load(a.build, server.port, layout, callers, a.duration,
+                                             server.proc.pid, tmp) for _ in range(a.repeats)]
                             rps = [r["rps"] for r in runs]
                             cell = {"config": config, "layout": layout, "batching": batching,
                                     "callers": callers, "runs": runs, "rps_median": statistics.median(rps),
@@ -114,8 +111,7 @@ def main() -> int:
                                   f"{statistics.median(r['compute_p50_ms'] for r in runs):>8.1f} "
                                   f"{statistics.median(r['queue_p50_ms'] for r in runs):>7.1f}", flush=True)
                 finally:
-                    server.terminate()
-                    server.wait(timeout=30)
+                    server.stop()
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu, "threads": a.threads, "cells": cells}, f, indent=1)

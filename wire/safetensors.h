@@ -2,7 +2,7 @@
 
 // Safetensors files: an 8-byte little-endian header length, a JSON header naming each tensor's
 // dtype, shape and byte range, then the raw little-endian data. The header is validated as
-// untrusted input (model/safetensors_header.h); tensors are read into memory or memory-mapped.
+// untrusted input (wire/safetensors_header.h); tensors are read into memory or memory-mapped.
 
 #include <torch/types.h>
 

@@ -1,4 +1,7 @@
-"""praxis-server as a child process, and tiny-model inputs, for the client tests."""
+"""praxis-server as a child process, and tiny-model inputs, for the client tests.
+
+The one harness that starts a server process in Python: the client, deploy and bench scripts all
+start theirs through `Server` (bench/python_server.py too, which writes the same --port_file)."""
 import contextlib
 import json
 import os
@@ -14,38 +17,45 @@ from safetensors.numpy import save_file
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 SERVER = os.environ.get("PRAXIS_SERVER_BIN", os.path.join(SRC, "build", "server", "praxis-server"))
+# praxis-server's flags before those given to Server: loopback, ports picked by the kernel, no
+# /metrics, and two intra-op threads.
+DEFAULT_FLAGS = ("--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2")
 
 
 class Server:
     """praxis-server on 127.0.0.1:0 with the embedded tiny model; stopped with SIGTERM.
 
-    Flags given override the defaults here (the last of a flag wins); with --metrics_port=0 the
-    port /metrics is served on is `metrics_port`.
+    Flags given override DEFAULT_FLAGS (the last of a flag wins); with --metrics_port=0 the port
+    /metrics is served on is `metrics_port`. `binary` is the program to start (a path, or a list
+    such as [python, "bench/python_server.py"]; default PRAXIS_SERVER_BIN) and `default_flags` the
+    flags it gets before --port_file and `flags`. Not thread-safe.
     """
 
-    def __init__(self, *flags, timeout=120):
+    def __init__(self, *flags, timeout=120, binary=SERVER, default_flags=DEFAULT_FLAGS):
         self._dir = tempfile.mkdtemp(prefix="praxis-server-")
         port_file = os.path.join(self._dir, "port.json")
         self.log_path = os.path.join(self._dir, "log")
+        program = [binary] if isinstance(binary, str) else list(binary)
+        name = os.path.basename(program[-1])  # praxis-server, or python_server.py
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--threads=2",
-                 f"--port_file={port_file}", *flags],
+                [*program, *default_flags, f"--port_file={port_file}", *flags],
                 stdout=log, stderr=subprocess.STDOUT)
         # The server writes the file (atomically, by rename) once it is SERVING.
         deadline = time.monotonic() + timeout
         while not os.path.exists(port_file):
             if self.proc.poll() is not None:
-                self._fail(f"praxis-server exited with {self.proc.returncode} before serving")
+                self._fail(f"{name} exited with {self.proc.returncode} before serving")
             if time.monotonic() > deadline:
                 self.proc.kill()
                 self.proc.wait()
-                self._fail(f"praxis-server wrote no {port_file} within {timeout} s")
+                self._fail(f"{name} wrote no {port_file} within {timeout} s")
             time.sleep(0.02)
         with open(port_file) as f:
             ports = json.load(f)
         assert ports["pid"] == self.proc.pid, ports
-        self.address = f"127.0.0.1:{ports['port']}"
+        self.port = ports["port"]
+        self.address = f"127.0.0.1:{self.port}"
         self.metrics_port = ports["metrics_port"]  # None with --metrics_port=-1
 
     def _fail(self, why):

@@ -15,11 +15,8 @@ Environment: PRAXIS_SERVER_BIN, PRAXIS_SOURCE_DIR, NGINX_BIN (default: nginx on 
 """
 import collections
 import copy
-import os
 import re
 import signal
-import sys
-import threading
 import time
 from concurrent import futures
 
@@ -28,131 +25,14 @@ import pytest
 import yaml
 
 import affinity_checks as ac
-from deploy_checks import LAYOUT_HEADER, scrape
-from server_process import Server, tiny_inputs
-
-SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
-if os.path.join(SRC, "client", "python") not in sys.path:
-    sys.path.insert(0, os.path.join(SRC, "client", "python"))
-from praxis_client import (PraxisError, Client, assemble, layout_key,  # noqa: E402
-                           make_request, pb)
+from affinity_fleet import (LAYOUTS, FIRST_LAYOUTS, LOAD_BEFORE_SIGTERM_S, LOAD_THREADS,
+                            MASKS_PER_LAYOUT, REPLICA_FLAGS, SPREAD_LAYOUT, STEPS, Fleet, Load,
+                            landed, step_args, table)
+from deploy_checks import LAYOUT_HEADER
+from server_process import Server
+# client/python is on the path: PYTHONPATH (CTest), else affinity_fleet put it there.
+from praxis_client import assemble, make_request, pb  # noqa: E402
 from praxis_client import LAYOUT_HEADER as CLIENT_LAYOUT_HEADER  # noqa: E402
-
-REPLICA_FLAGS = ("--threads=1",  # three replicas share the machine's 2 cores
-                 "--metrics_port=0", "--metrics_host=127.0.0.1", "--drain_seconds=10")
-# (text_len, h, w, K, F). Masks are cached per tower: the encoder's key is the whole window, the
-# decoder's only (K, F, h, w). Every layout here has its own (K, F, h, w), none the warm-up's
-# (K=2, F=1, 4x4), so that a layout's first step on a replica builds exactly its two masks.
-LAYOUTS = [(5, 3, 4, 2, 1), (4, 2, 2, 1, 1), (6, 4, 3, 1, 1), (3, 3, 3, 2, 1),
-           (7, 2, 3, 1, 1), (5, 2, 4, 2, 1), (4, 3, 2, 1, 2), (6, 2, 2, 2, 1),
-           # More, sent only while the ones before all hashed onto one replica.
-           (3, 4, 2, 1, 1), (5, 3, 3, 1, 1), (4, 4, 4, 1, 1), (6, 3, 2, 2, 1),
-           (2, 2, 3, 2, 1), (5, 2, 2, 1, 2), (7, 4, 3, 2, 1), (3, 3, 4, 1, 1)]
-FIRST_LAYOUTS = 8
-SPREAD_LAYOUT = (8, 3, 3, 1, 2)  # the header-less calls': masks of its own
-MASKS_PER_LAYOUT = 2  # the encoder tower's mask and the decoder tower's (decode=True)
-STEPS = 3  # per layout when placed alone
-# Closed loops sending steps through nginx during the drain: enough that the replica has steps
-# queued and arriving when SIGTERM comes, so that some are refused UNAVAILABLE while it drains.
-LOAD_THREADS = 8
-LOAD_BEFORE_SIGTERM_S = 1.0
-
-
-def decoder_key(layout):
-    text_len, h, w, k, f = layout
-    return (k, f, h, w)
-
-
-assert len({decoder_key(l) for l in LAYOUTS + [SPREAD_LAYOUT, (16, 4, 4, 2, 1)]}) == \
-    len(LAYOUTS) + 2, "two layouts share decoder masks: mask builds would not count layouts"
-
-
-def step_args(layout):
-    text_len, h, w, k, f = layout
-    return tiny_inputs(text_len=text_len, h=h, w=w, k=k, f=f)
-
-
-# Step calls answered OK and UNAVAILABLE, Session steps answered OK, masks built (cache misses).
-Counts = collections.namedtuple("Counts", "ok unavailable session masks")
-
-
-def sample(text, name, **labels):
-    """The sum of the samples of `name` whose labels include `labels` (0 when there are none)."""
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})?\s+(\S+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return int(total)
-
-
-class Fleet:
-    """The three replicas, nginx in front, and one client of nginx (the Python client: it sends
-    the layout header and retries UNAVAILABLE with backoff, as a robot's loop would)."""
-
-    def __init__(self, replicas, nginx):
-        self.replicas = replicas
-        self.nginx = nginx
-        self.live = list(range(len(replicas)))
-        # Patient enough to outlast a drain: about 10 s of backoff before giving up.
-        self.client = Client(nginx.address, timeout=10, max_attempts=12)
-
-    def name(self, i):
-        return f"r{i} :{self.replicas[i].address.rsplit(':', 1)[1]}"
-
-    def counts(self):
-        """{replica: Counts} of the live replicas, from their /metrics."""
-        out = {}
-        for i in self.live:
-            text = scrape(self.replicas[i].metrics_port)
-            out[i] = Counts(sample(text, "praxis_requests_total", method="Step", code="OK"),
-                            sample(text, "praxis_requests_total", method="Step",
-                                   code="UNAVAILABLE"),
-                            sample(text, "praxis_requests_total", method="Session", code="OK"),
-                            sample(text, "praxis_mask_cache_misses_total"))
-        return out
-
-    def step(self, layout):
-        """One step of `layout` through nginx; returns its layout key (checked to be the one the
-        client sent as the header)."""
-        kw = step_args(layout)
-        sent = layout_key(make_request(**kw))
-        got = self.client.step(**kw).layout_key
-        assert got == sent, f"the server's layout key {got} is not the header's {sent}"
-        return got
-
-    def send_alone(self, layout, steps):
-        """`steps` steps of `layout`, nothing else in flight: (key, {replica: Counts delta})."""
-        before = self.counts()
-        for _ in range(steps):
-            key = self.step(layout)
-        after = self.counts()
-        return key, {i: Counts(*(a - b for a, b in zip(after[i], before[i]))) for i in after}
-
-
-def landed(delta):
-    """The replicas that answered any step in a {replica: Counts delta}."""
-    return [i for i, d in delta.items() if d.ok]
-
-
-def table(fleet, rows, title, notes=None):
-    """rows: {key: {replica: Counts delta}} → the per-replica table, as text."""
-    def cell(d):
-        return f"{d.ok} req {d.masks} masks" if d and (d.ok or d.masks) else "-"
-
-    replicas = range(len(fleet.replicas))
-    width = max(len(k) for k in rows) + 2
-    names = [fleet.name(i) + ("" if i in fleet.live else " stopped") for i in replicas]
-    lines = [title, f"{'layout':<{width}}" + "".join(f"{n:>22}" for n in names)]
-    for key, delta in rows.items():
-        note = f"  {notes[key]}" if notes and key in notes else ""
-        lines.append(f"{key:<{width}}" + "".join(f"{cell(delta.get(i)):>22}" for i in replicas)
-                     + note)
-    sums = [Counts(*(sum(x) for x in zip(*(d[i] for d in rows.values() if i in d)))) if any(
-        i in d for d in rows.values()) else None for i in replicas]
-    lines.append(f"{'total':<{width}}" + "".join(f"{cell(t):>22}" for t in sums))
-    return "\n".join(lines)
 
 
 def report(capsys, text):
@@ -257,65 +137,17 @@ def test_calls_without_the_header_are_spread(fleet):
     assert sum(answered.values()) == 16 and sum(1 for n in answered.values() if n) > 1, answered
 
 
-class Load:
-    """LOAD_THREADS closed loops through the fleet's client, each cycling over `layouts` from its
-    own offset. Records each step's end; a step that fails (after the client's own retries of
-    UNAVAILABLE) is a lost call."""
-
-    def __init__(self, fleet, layouts):
-        self.fleet, self.layouts = fleet, layouts
-        self.done, self.failures = [], []  # (key, monotonic end), (key, error)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(n,), daemon=True)
-                         for n in range(LOAD_THREADS)]
-        for t in self._threads:
-            t.start()
-
-    def _loop(self, offset):
-        n = offset
-        while not self._stop.is_set():
-            layout = self.layouts[n % len(self.layouts)]
-            n += 1
-            try:
-                key = self.fleet.step(layout)
-                with self._lock:
-                    self.done.append((key, time.monotonic()))
-            except (PraxisError, AssertionError) as e:
-                with self._lock:
-                    self.failures.append((layout, str(e)))
-
-    def served(self, keys, after):
-        """How many steps of each key ended after `after`."""
-        with self._lock:
-            return collections.Counter(k for k, t in self.done if t > after and k in keys)
-
-    def wait(self, what, predicate, timeout=20):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"under load: no {what} within {timeout} s " \
-                f"({len(self.done)} steps done, failures {self.failures[:3]})"
-            time.sleep(0.02)
-
-    def stop(self):
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in self._threads), "a load thread did not end"
+# A drain under load: the replica stopped, its layouts, the load, its exit status and how long after
+# SIGTERM it came.
+Drain = collections.namedtuple("Drain", "victim moved load code seconds")
 
 
-def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement, capsys):
-    rows, layouts = placement["rows"], placement["layouts"]
-    homes = {}
-    for key, delta in rows.items():
-        assert len(landed(delta)) == 1, f"{key} has no single replica; see the placement test"
-        homes[key] = landed(delta)[0]
+def drain_under_load(fleet, layouts, homes):
+    """SIGTERM to the replica with the most layouts while Load runs through nginx; the load stops
+    once each of its layouts has been served twice more, by the others, after it exited."""
     owned = collections.Counter(homes.values())
     victim = max(fleet.live, key=lambda i: (owned[i], -i))  # the replica with the most layouts
     moved = [k for k, h in homes.items() if h == victim]
-    first_call = len(fleet.nginx.access_log())
-    start = fleet.counts()
-
     load = Load(fleet, list(layouts.values()))
     try:
         began = time.monotonic()
@@ -331,48 +163,47 @@ def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement
                   lambda: all(load.served(moved, exited)[k] >= 2 for k in moved))
     finally:
         load.stop()
-    assert load.failures == [], f"calls lost under the drain: {load.failures[:5]}"
-    assert code == 0, fleet.replicas[victim].log()
-    log = fleet.replicas[victim].log()
+    return Drain(victim, moved, load, code, exited - sigterm)
+
+
+def check_drained_replica(fleet, drain):
+    """No call lost; the drained replica exited 0 having answered every step it accepted. Its stop
+    line (a re.Match: accepted, answered)."""
+    assert drain.load.failures == [], f"calls lost under the drain: {drain.load.failures[:5]}"
+    log = fleet.replicas[drain.victim].log()
+    assert drain.code == 0, log
     stop_line = re.search(r"stopped after \d+ batches: (\d+) steps accepted, (\d+) answered OK.*",
                           log)
     assert stop_line, f"no stop line in the drained replica's output:\n{log}"
     accepted, answered = map(int, stop_line.groups())
     assert accepted == answered, f"the drained replica answered {answered} of {accepted} steps"
+    return stop_line
 
-    # Where the layouts are now: each sent alone again, through the two replicas left.
+
+def check_layouts_after_the_drain(fleet, layouts, homes, drain, capsys):
+    """Each layout sent alone again through the replicas left: one replica each, the moved ones
+    anywhere, the others where they were, no masks built again. {key: {replica: Counts delta}}."""
     after_rows = {}
     for key, layout in layouts.items():
         _, after_rows[key] = fleet.send_alone(layout, 2)
-    end = fleet.counts()
-    notes = {k: f"moved from r{victim}" for k in moved}
-    report(capsys, table(fleet, after_rows, f"after SIGTERM to {fleet.name(victim)}: each layout "
-                         "sent alone (2 steps) through nginx", notes))
+    notes = {k: f"moved from r{drain.victim}" for k in drain.moved}
+    report(capsys, table(fleet, after_rows, f"after SIGTERM to {fleet.name(drain.victim)}: each "
+                         "layout sent alone (2 steps) through nginx", notes))
     for key, delta in after_rows.items():
         assert len(landed(delta)) == 1, f"{key}: answered by {landed(delta)}: {delta}"
-        if key not in moved:
+        if key not in drain.moved:
             assert landed(delta) == [homes[key]], f"{key} left {fleet.name(homes[key])}, which " \
                 "still serves: the ring moved more than the stopped replica's layouts"
         assert all(d.masks == 0 for d in delta.values()), \
             f"{key}: masks built again after the load had warmed its new replica: {delta}"
-    # Each moved layout built its masks once, on one replica, while the load ran; the others none.
-    built = sum(end[i].masks - start[i].masks for i in fleet.live)
-    assert built == MASKS_PER_LAYOUT * len(moved), \
-        f"{built} masks built by {fleet.live} since the drain began, expected " \
-        f"{MASKS_PER_LAYOUT} for each of {len(moved)} moved layouts"
+    return after_rows
 
-    # Every step the clients got was answered by exactly one replica, and no refusal but the
-    # drained replica's UNAVAILABLE reached them.
-    assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
-        f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
-    client_ok = len(load.done) + 2 * len(layouts)
-    # The stop line counts Session steps too.
-    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered - start[victim].ok
-                - start[victim].session)
-    assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
+
+def check_nginx_saw_only_the_drain(fleet, first_call, victim_address):
+    """nginx's logs since `first_call`: the only refusals and next-replica moves are the drained
+    replica's, and its error log names no other. (refused calls, moved calls, error lines)."""
     calls = [c for c in fleet.nginx.access_log()[first_call:] if c["uri"].endswith("/Step")]
     refused = [c for c in calls if c["grpc"] != 0]
-    victim_address = fleet.replicas[victim].address
 
     def the_victims(c):  # UNAVAILABLE from it while it drained, or nginx's 502 for it
         return victim_address in c["upstreams"] and (
@@ -386,23 +217,66 @@ def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement
               if re.search(r"\[(warn|error|crit|alert|emerg)\]", l)]
     assert all(f'upstream: "grpc://{victim_address}' in l for l in errors), \
         "nginx logged a problem not about the stopped replica:\n" + "\n".join(errors)
-    report(capsys, "\n".join([
-        f"drain: SIGTERM to {fleet.name(victim)} under load ({LOAD_THREADS} client threads, "
-        f"{len(layouts)} layouts); it exited {code} {exited - sigterm:.2f} s after the signal",
+    return refused, next_upstream, errors
+
+
+def drain_report(fleet, layouts, drain, stop_line, nginx_seen, after_rows, totals):
+    """The drain's summary for the test log; totals: (fleet_ok, client_ok, masks built)."""
+    refused, next_upstream, errors = nginx_seen
+    fleet_ok, client_ok, built = totals
+    victim_address = fleet.replicas[drain.victim].address
+    return "\n".join([
+        f"drain: SIGTERM to {fleet.name(drain.victim)} under load ({LOAD_THREADS} client threads, "
+        f"{len(layouts)} layouts); it exited {drain.code} {drain.seconds:.2f} s after the signal",
         f"  server: {stop_line.group(0)}",
-        f"  clients: {len(load.done)} steps under load, all OK, {len(load.failures)} lost; "
-        f"{sum(1 for c in refused if c['grpc'] == 14)} UNAVAILABLE answers (draining) and "
+        f"  clients: {len(drain.load.done)} steps under load, all OK, {len(drain.load.failures)} "
+        f"lost; {sum(1 for c in refused if c['grpc'] == 14)} UNAVAILABLE answers (draining) and "
         f"{sum(1 for c in refused if c['status'] == 502)} nginx 502s, each retried by the "
         "client to success",
         f"  nginx: {len(next_upstream)} calls moved to the next replica by nginx itself; "
         f"{len(errors)} error-log lines, all about {victim_address}:",
         *(f"    {l}" for l in errors),
-        f"  layouts: {len(moved)} moved ("
+        f"  layouts: {len(drain.moved)} moved ("
         + ", ".join(f"{n} to {fleet.name(i)}" for i, n in sorted(collections.Counter(
-            landed(after_rows[k])[0] for k in moved).items()))
-        + f"), {len(layouts) - len(moved)} stayed where they were",
+            landed(after_rows[k])[0] for k in drain.moved).items()))
+        + f"), {len(layouts) - len(drain.moved)} stayed where they were",
         f"  fleet: {fleet_ok} steps answered = {client_ok} received by the clients; "
-        f"{built} masks built since the drain began = {MASKS_PER_LAYOUT} x {len(moved)} moved"]))
+        f"{built} masks built since the drain began = {MASKS_PER_LAYOUT} x {len(drain.moved)} "
+        "moved"])
+
+
+def test_sigterm_under_load_loses_nothing_and_moves_its_layouts(fleet, placement, capsys):
+    rows, layouts = placement["rows"], placement["layouts"]
+    homes = {}
+    for key, delta in rows.items():
+        assert len(landed(delta)) == 1, f"{key} has no single replica; see the placement test"
+        homes[key] = landed(delta)[0]
+    first_call = len(fleet.nginx.access_log())
+    start = fleet.counts()
+    drain = drain_under_load(fleet, layouts, homes)
+    stop_line = check_drained_replica(fleet, drain)
+    answered = int(stop_line.group(2))
+    after_rows = check_layouts_after_the_drain(fleet, layouts, homes, drain, capsys)
+    end = fleet.counts()
+    # Each moved layout built its masks once, on one replica, while the load ran; the others none.
+    built = sum(end[i].masks - start[i].masks for i in fleet.live)
+    assert built == MASKS_PER_LAYOUT * len(drain.moved), \
+        f"{built} masks built by {fleet.live} since the drain began, expected " \
+        f"{MASKS_PER_LAYOUT} for each of {len(drain.moved)} moved layouts"
+
+    # Every step the clients got was answered by exactly one replica, and no refusal but the
+    # drained replica's UNAVAILABLE reached them.
+    assert all(end[i].unavailable == start[i].unavailable for i in fleet.live), \
+        f"a replica that was not stopped refused steps UNAVAILABLE: {start} -> {end}"
+    client_ok = len(drain.load.done) + 2 * len(layouts)
+    # The stop line counts Session steps too.
+    fleet_ok = (sum(end[i].ok - start[i].ok for i in fleet.live) + answered
+                - start[drain.victim].ok - start[drain.victim].session)
+    assert fleet_ok == client_ok, f"replicas answered {fleet_ok} steps, the clients got {client_ok}"
+    nginx_seen = check_nginx_saw_only_the_drain(fleet, first_call,
+                                                fleet.replicas[drain.victim].address)
+    report(capsys, drain_report(fleet, layouts, drain, stop_line, nginx_seen, after_rows,
+                                (fleet_ok, client_ok, built)))
 
 
 def envoy_config():

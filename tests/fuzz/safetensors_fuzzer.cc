@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors parser (model/safetensors.h): the input is a whole
+// libFuzzer target for the safetensors parser (wire/safetensors.h): the input is a whole
 // safetensors file (8-byte header length, JSON header, data), as a checkpoint from an untrusted hub
 // could be.
 //

@@ -16,11 +16,12 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
 import make_tiny  # noqa: E402
+from checkpoint_table import docs_table_patterns, expected_tensors  # noqa: E402
 from praxis_ref import backbone as bb  # noqa: E402
+from praxis_ref import layers  # noqa: E402
 from praxis_ref.config import ConfigError, load_config  # noqa: E402
 
 TINY = os.path.join(ROOT, "configs", "tiny.json")
-DOCS = os.path.join(ROOT, "docs", "model.md")
 
 
 @pytest.fixture(scope="module")
@@ -48,91 +49,6 @@ def run(model, x, **kw):
 
 # ---------------------------------------------------------------------------------------------
 # Names and shapes
-
-
-def expected_tensors(cfg) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """docs/model.md's table for `cfg`: checkpoint name -> (shape, always float32)."""
-    d, td, r, hd = cfg.dim, cfg.timestep_dim, cfg.num_registers, cfg.head_dim
-    m = cfg.moe
-    out: dict[str, tuple[tuple[int, ...], bool]] = {}
-
-    def tower(prefix, t, c_in):
-        p = f"backbone.{prefix}."
-        out[p + "registers"] = ((r, d), False)
-        out[p + "t_embedding.freqs"] = ((td,), True)
-        out[p + "t_embedding.phases"] = ((td,), True)
-        out[p + "t_proj.VideoTensor.weight"] = ((2 * d, td), False)
-        out[p + "t_proj.VideoTensor.bias"] = ((2 * d,), False)
-        out[p + "input_projections.VideoTensor.proj.weight"] = ((d, c_in), False)
-        out[p + "input_projections.VideoTensor.proj.bias"] = ((d,), False)
-        for i in range(t.depth):
-            b = f"{p}blocks.{i}."
-            out[b + "norm1.weight"] = ((d,), False)
-            out[b + "norm2.weight"] = ((d,), False)
-            out[b + "mha.in_proj.q_weight"] = ((cfg.num_heads * hd, d), False)
-            out[b + "mha.in_proj.k_weight"] = ((cfg.num_kv_heads * hd, d), False)
-            out[b + "mha.in_proj.v_weight"] = ((cfg.num_kv_heads * hd, d), False)
-            if cfg.qk_norm:
-                out[b + "mha.q_norm.weight"] = ((hd,), False)
-                out[b + "mha.k_norm.weight"] = ((hd,), False)
-            out[b + "mha.gate.weight"] = ((cfg.num_heads, d), False)
-            out[b + "mha.gate.bias"] = ((cfg.num_heads,), False)
-            out[b + "mha.out_proj.weight"] = ((d, d), False)
-            out[b + "mha.out_proj.bias"] = ((d,), False)
-            if i in t.moe_blocks:
-                out[b + "ffn.router.weight"] = ((m.num_experts, d), False)
-                out[b + "ffn.expert_bias"] = ((m.num_experts,), True)
-                out[b + "ffn.routed.gate_up_weight"] = ((m.num_experts, d, 2 * m.expert_dim), False)
-                out[b + "ffn.routed.down_weight"] = ((m.num_experts, m.expert_dim, d), False)
-                out[b + "ffn.shared.gate_up"] = ((d, 2 * m.shared_dim), False)
-                out[b + "ffn.shared.down"] = ((m.shared_dim, d), False)
-            else:
-                out[b + "ffn.0.linear.a_weight"] = ((t.ffn_dim, d), False)
-                out[b + "ffn.0.linear.b_weight"] = ((t.ffn_dim, d), False)
-                out[b + "ffn.1.weight"] = ((d, t.ffn_dim), False)
-            if prefix == "decoder":
-                out[b + "modulation.weight"] = ((2 * d, d), False)
-                out[b + "modulation.bias"] = ((2 * d,), False)
-
-    e, dec = cfg.encoder, cfg.decoder
-    tower("encoder", e, e.video_in.c_in)
-    p = "backbone.encoder.input_projections.TextEncodingTensor.proj."
-    out[p + "0.weight"] = ((4 * d, cfg.text_dim), False)
-    out[p + "0.bias"] = ((4 * d,), False)
-    out[p + "2.weight"] = ((d, 4 * d), False)
-    out[p + "2.bias"] = ((d,), False)
-    out[p + "3.weight"] = ((d,), False)
-    out["backbone.encoder.output_projections.VideoTensor.proj.weight"] = ((d, d), False)
-    out["backbone.encoder.output_projections.VideoTensor.proj.bias"] = ((d,), False)
-    tower("decoder", dec, dec.video_in.c_in)
-    p = "backbone.decoder.output_projections.VideoTensor.proj."
-    out[p + "0.weight"] = ((d,), False)
-    out[p + "1.weight"] = ((dec.video_out.c_out, d), False)
-    out[p + "1.bias"] = ((dec.video_out.c_out,), False)
-    return out
-
-
-def docs_table_patterns() -> set[str]:
-    """Name patterns (tower prefix removed, `{i}` for the block index) listed in docs/model.md."""
-    text = open(DOCS, encoding="utf-8").read()
-    table = text[text.index("## Checkpoint parameter names"):]
-    names = set()
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[1].startswith("`"):
-            continue
-        tokens = re.findall(r"`([^`]+)`", cells[1])
-        first = tokens[0]
-        stem = first.rsplit(".", 1)[0]
-        names.add(first)
-        for tok in tokens[1:]:
-            if tok.startswith("."):
-                names.add(stem + tok)
-            elif "." in tok:
-                names.add(tok)
-            else:
-                names.add(stem + "." + tok)
-    return names
 
 
 def test_state_dict_matches_docs_table(model):
@@ -292,17 +208,17 @@ def test_goldens(tmp_path):
 
 def test_patchify_inverts_unpatch():
     x = torch.randn(2, 3 * 2 * 4, 5, 3, 2)
-    u = bb.unpatch(x, (2, 4))
+    u = layers.unpatch(x, (2, 4))
     assert u.shape == (2, 3, 5, 6, 8)
-    assert torch.equal(bb.patchify(u, (2, 4)), x)
+    assert torch.equal(layers.patchify(u, (2, 4)), x)
     # fine pixel (row*ph + i, col*pw + j) of channel c comes from channel c*ph*pw + i*pw + j
     c, f, row, col, i, j = 1, 3, 2, 1, 1, 3
     assert u[0, c, f, row * 2 + i, col * 4 + j] == x[0, c * 8 + i * 4 + j, f, row, col]
 
 
 def test_positions_hand_example():
-    fs = bb.FRAME_STRIDE
-    got = bb.encoder_positions(2, (2, 3), 2, (2, 2, 2), 1, (5, 7, 11), text_position_offset=1)
+    fs = layers.FRAME_STRIDE
+    got = layers.encoder_positions(2, (2, 3), 2, (2, 2, 2), 1, (5, 7, 11), text_position_offset=1)
     want = [0, 0,
             6, 7, 8, 366, 367, 368,
             fs + 1 + 7, fs + 2 + 7,
@@ -310,7 +226,7 @@ def test_positions_hand_example():
             3 * fs + 12, 3 * fs + 13, 3 * fs + 372, 3 * fs + 373,
             2 * fs + 12, 2 * fs + 13, 2 * fs + 372, 2 * fs + 373]
     assert got.dtype == torch.int64 and got.tolist() == want
-    assert bb.decoder_positions(1, (2, 1, 2), 13, 2).tolist() == [0, 2 * fs + 14, 2 * fs + 15, 3 * fs + 14, 3 * fs + 15]
+    assert layers.decoder_positions(1, (2, 1, 2), 13, 2).tolist() == [0, 2 * fs + 14, 2 * fs + 15, 3 * fs + 14, 3 * fs + 15]
 
 
 def test_forward_positions_and_spans(model):
@@ -320,7 +236,7 @@ def test_forward_positions_and_spans(model):
     assert ft.global_spans == {"register": (0, r), "anchor": (r, 6), "text": (r + 6, 4)}
     assert ft.noised_span == (r + 10, 24) and ft.clean_span == (r + 34, 12)
     assert (ft.frames_per_chunk, ft.tokens_per_frame, ft.n_chunks) == (2, 6, 2)
-    want = bb.encoder_positions(r, (2, 3), 4, (4, 2, 3), 2, (1, 2, 3))
+    want = layers.encoder_positions(r, (2, 3), 4, (4, 2, 3), 2, (1, 2, 3))
     assert ft.positions.shape == (2, r + 46) and torch.equal(ft.positions[1], want)
 
 
@@ -328,11 +244,11 @@ def test_rope_is_relative():
     hd = 16
     q, k = torch.randn(1, 1, 1, hd), torch.randn(1, 1, 1, hd)
     def dot(pq, pk):
-        c, s = bb.rope_tables(torch.tensor([pq, pk]), hd, 10000.0)
-        return (bb.apply_rope(q, c[:1], s[:1]) * bb.apply_rope(k, c[1:], s[1:])).sum()
+        c, s = layers.rope_tables(torch.tensor([pq, pk]), hd, 10000.0)
+        return (layers.apply_rope(q, c[:1], s[:1]) * layers.apply_rope(k, c[1:], s[1:])).sum()
     torch.testing.assert_close(dot(1000, 990), dot(10, 0), rtol=1e-5, atol=1e-5)
-    c, s = bb.rope_tables(torch.tensor([0]), hd, 10000.0)
-    assert torch.equal(bb.apply_rope(q, c, s), q)
+    c, s = layers.rope_tables(torch.tensor([0]), hd, 10000.0)
+    assert torch.equal(layers.apply_rope(q, c, s), q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,14 +278,14 @@ def test_attention_matches_explicit_softmax(model):
     u = torch.randn(1, t, cfg.dim)
     mask = torch.rand(t, t) > 0.4
     mask[:, 0] = True
-    cos, sin = bb.rope_tables(torch.arange(t) * 1000, cfg.head_dim, cfg.rope_theta)
+    cos, sin = layers.rope_tables(torch.arange(t) * 1000, cfg.head_dim, cfg.rope_theta)
     with torch.no_grad():
         got = attn(u, cos, sin, mask)
         hd, h, kvh = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         q = attn.q_norm((u @ attn.in_proj.q_weight.t()).view(1, t, h, hd))
         k = attn.k_norm((u @ attn.in_proj.k_weight.t()).view(1, t, kvh, hd))
         v = (u @ attn.in_proj.v_weight.t()).view(1, t, kvh, hd)
-        q, k = bb.apply_rope(q, cos, sin), bb.apply_rope(k, cos, sin)
+        q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
         heads = []
         for i in range(h):
             j = i // (h // kvh)

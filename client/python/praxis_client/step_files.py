@@ -1,6 +1,6 @@
 """Step files as praxis-cli reads and writes them (safetensors), and synthetic step inputs.
 
-Inputs (praxis-cli step --inputs, model/step_io.h): tensors text, anchor, noised, timesteps, clean
+Inputs (praxis-cli step --inputs, wire/step_file.h): tensors text, anchor, noised, timesteps, clean
 (absent when K == 1) and optionally frames_per_chunk, a one-element integer tensor. Outputs
 (praxis-cli step --out): every returned tensor by name (velocity, cond, tap.N, embeddings,
 positions) and the metadata layout_key, queue_us, compute_us, batch_rows and noised_span
