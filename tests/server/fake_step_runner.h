@@ -52,7 +52,7 @@ class FakeStepRunner : public model::StepRunner {
   void SetDelay(absl::Duration delay);
   // Waits (bounded) until `n` batches in all have entered Run.
   bool WaitEntered(int64_t n, absl::Duration timeout = absl::Seconds(60));
-  // Run calls so far, counted on entry (held, failed and thrown ones included).
+  // Run calls with valid inputs so far, counted on entry (held, failed and thrown ones included).
   int64_t batches_entered() const;
   // Rows of the batches that passed the gate (failed and thrown ones included).
   int64_t rows_run() const;
