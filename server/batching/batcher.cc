@@ -1,13 +1,25 @@
 #include "server/batching/batcher.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace praxis::batching {
+namespace {
 
-Batcher::Batcher(BatchOptions options, Runner runner, int workers)
-    : options_(options), runner_(std::move(runner)) {
+// A worker looks at its queued tasks at least this often (real time): cancellation is not
+// signalled, so it is noticed by looking.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+
+}  // namespace
+
+Batcher::Batcher(BatchOptions options, Runner runner, int workers, Clock* clock)
+    : options_(options), runner_(std::move(runner)), clock_(clock) {
+  waker_id_ = clock_->AddWaker([this] {
+    absl::MutexLock lock(&mu_);
+    wake_.SignalAll();
+  });
   running_workers_ = std::max(1, workers);
   for (int i = 0; i < running_workers_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -15,6 +27,7 @@ Batcher::Batcher(BatchOptions options, Runner runner, int workers)
 Batcher::~Batcher() {
   Drain(absl::ZeroDuration());
   for (std::thread& w : workers_) w.join();
+  clock_->RemoveWaker(waker_id_);
 }
 
 absl::Status Batcher::Submit(std::unique_ptr<Task>& task) {
@@ -33,7 +46,7 @@ absl::Status Batcher::Submit(std::unique_ptr<Task>& task) {
   ++stats_.queued_requests;
   stats_.queued_bytes += task->bytes();
   const std::string key = task->layout_key();
-  queues_[key].push_back({std::move(task), absl::Now()});
+  queues_[key].push_back({std::move(task), clock_->Now()});
   wake_.SignalAll();
   return absl::OkStatus();
 }
@@ -98,7 +111,7 @@ void Batcher::WorkerLoop() {
     bool exit = false;
     {
       absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_->Now();
       dropped = SweepLocked(now);
       std::vector<QueueState> states;
       absl::Time earliest_deadline = absl::InfiniteFuture();
@@ -122,9 +135,8 @@ void Batcher::WorkerLoop() {
       } else if (dropped.empty()) {
         // Wake for the next batch, the next deadline, a Submit or a drain. Cancellation is
         // noticed at the latest by the next wake; bound the wait so it is noticed promptly.
-        const absl::Time wake =
-            std::min({d.wake_at, earliest_deadline, drain_deadline_, now + absl::Milliseconds(50)});
-        wake_.WaitWithDeadline(&mu_, wake);
+        const absl::Time wake = std::min({d.wake_at, earliest_deadline, drain_deadline_});
+        wake_.WaitWithTimeout(&mu_, std::min(clock_->RealTimeUntil(wake), kCancelPoll));
       }
     }
     for (auto& [task, why] : dropped) task->Fail(why);
@@ -142,11 +154,12 @@ bool Batcher::Drain(absl::Duration grace) {
   absl::MutexLock lock(&mu_);
   if (!draining_) {
     draining_ = true;
-    drain_deadline_ = absl::Now() + grace;
+    drain_deadline_ = clock_->Now() + grace;
   }
   wake_.SignalAll();
   // Bounded: a batch that outlives the grace is left running (the process is about to exit).
-  while (running_workers_ > 0 && !wake_.WaitWithDeadline(&mu_, drain_deadline_)) {
+  while (running_workers_ > 0 && clock_->Now() < drain_deadline_) {
+    wake_.WaitWithTimeout(&mu_, clock_->RealTimeUntil(drain_deadline_));
   }
   return running_workers_ == 0;
 }

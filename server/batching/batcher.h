@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/batching/batch_policy.h"
+#include "server/batching/clock.h"
 #include "server/batching/task.h"
 
 namespace praxis::batching {
@@ -40,8 +41,9 @@ class Batcher {
  public:
   using Runner = std::function<void(std::vector<std::unique_ptr<Task>> batch)>;
 
-  // Starts `workers` threads (one per device) that call `runner`.
-  Batcher(BatchOptions options, Runner runner, int workers = 1);
+  // Starts `workers` threads (one per device) that call `runner`. Arrival, deadlines, delays and
+  // drain grace are read on `clock` (not owned; it must outlive the Batcher).
+  Batcher(BatchOptions options, Runner runner, int workers = 1, Clock* clock = RealClock());
   // Drains with no grace: queued tasks are failed UNAVAILABLE; the running batches finish.
   ~Batcher();
   Batcher(const Batcher&) = delete;
@@ -75,6 +77,7 @@ class Batcher {
 
   const BatchOptions options_;
   const Runner runner_;
+  Clock* const clock_;
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::map<std::string, std::deque<Queued>> queues_ ABSL_GUARDED_BY(mu_);
@@ -82,6 +85,7 @@ class Batcher {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int running_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t waker_id_ = 0;  // of the clock's waker that signals wake_
   std::vector<std::thread> workers_;
 };
 

@@ -36,7 +36,7 @@ def test_cli_step_equals_in_process_forward(server, tmp_path):
 
     Equal to float32 rounding, not bit for bit: two processes split LibTorch's matmuls across
     their threads differently (praxis-forward with 1 and with 2 threads already differs by 1e-6).
-    Bit-exactness within one process is tests/server/server_test.cc's.
+    Bit-exactness within one process is tests/server/server_model_test.cc's.
     """
     inputs, served, local = tmp_path / "in.st", tmp_path / "served.st", tmp_path / "local.st"
     save_inputs(str(inputs), k=3, f=1, h=4, w=2, text_len=7)

@@ -4,11 +4,13 @@
 
 #include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/batching/batch_policy.h"
+#include "server/batching/clock.h"
 
 namespace praxis::batching {
 namespace {
@@ -174,9 +176,15 @@ TEST(BatcherTest, GroupsByLayoutKeyAndClosesOnSize) {
 }
 
 TEST(BatcherTest, ClosesOnDelayWithAPartialBatch) {
+  FakeClock clock;
   RecordingRunner runner;
-  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Milliseconds(20)}, std::ref(runner));
+  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Milliseconds(20)}, std::ref(runner),
+            /*workers=*/1, &clock);
   FakeTask* t = Submit(b, std::make_unique<FakeTask>("a", 3));
+  clock.Advance(absl::Milliseconds(19));
+  EXPECT_FALSE(t->done.WaitForNotificationWithTimeout(absl::Milliseconds(10)))
+      << "ran before its delay";
+  clock.Advance(absl::Milliseconds(1));
   ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   absl::MutexLock lock(&runner.mu);
   ASSERT_EQ(runner.batches.size(), 1u);
@@ -253,15 +261,17 @@ TEST(BatcherTest, FullQueueRefusesAtOnce) {
 }
 
 TEST(BatcherTest, ExpiredTaskIsFailedAndNeverRun) {
+  FakeClock clock;
   RecordingRunner runner;
   absl::Notification gate;
   runner.gate = &gate;
-  Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner));
+  Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner),
+            /*workers=*/1, &clock);
   FakeTask* blocker = Submit(b, std::make_unique<FakeTask>("a", 1));
   ASSERT_TRUE(WaitForFirstBatch(b));
   FakeTask* late =
-      Submit(b, std::make_unique<FakeTask>("b", 1, absl::Now() + absl::Milliseconds(5)));
-  absl::SleepFor(absl::Milliseconds(20));  // past its deadline while the worker is busy
+      Submit(b, std::make_unique<FakeTask>("b", 1, clock.Now() + absl::Milliseconds(5)));
+  clock.Advance(absl::Milliseconds(20));  // past its deadline while the worker is busy
   gate.Notify();
   ASSERT_TRUE(late->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(late->failure.code(), absl::StatusCode::kDeadlineExceeded);
@@ -283,8 +293,10 @@ TEST(BatcherTest, CancelledTaskIsDropped) {
 }
 
 TEST(BatcherTest, DrainRunsQueuedWorkThenRefusesNewWork) {
+  FakeClock clock;
   RecordingRunner runner;
-  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Seconds(60)}, std::ref(runner));
+  Batcher b({.max_batch_rows = 8, .max_queue_delay = absl::Seconds(60)}, std::ref(runner),
+            /*workers=*/1, &clock);
   std::vector<FakeTask*> tasks;
   for (int i = 0; i < 5; ++i)
     tasks.push_back(Submit(b, std::make_unique<FakeTask>("k" + std::to_string(i % 2), 1)));
@@ -298,6 +310,40 @@ TEST(BatcherTest, DrainRunsQueuedWorkThenRefusesNewWork) {
   FakeTask* after = Submit(b, std::make_unique<FakeTask>("a", 1), &s);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(after->answers, 0);
+}
+
+// A batch that outlives the grace is left running; what is still queued then is failed UNAVAILABLE
+// and never run.
+TEST(BatcherTest, DrainFailsWhatIsQueuedOnceTheGraceHasPassed) {
+  FakeClock clock;
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner),
+            /*workers=*/1, &clock);
+  FakeTask* running = Submit(b, std::make_unique<FakeTask>("a", 1));
+  ASSERT_TRUE(WaitForFirstBatch(b));
+  FakeTask* queued = Submit(b, std::make_unique<FakeTask>("a", 1));
+  absl::Notification drained;
+  std::thread advancer([&] {
+    // Drain reads its deadline on the clock when it begins: step past it until Drain returns.
+    for (int i = 0; i < 10000 && !drained.HasBeenNotified(); ++i) {
+      clock.Advance(absl::Seconds(31));
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  const bool all_exited = b.Drain(absl::Seconds(30));
+  drained.Notify();
+  advancer.join();
+  EXPECT_FALSE(all_exited) << "the running batch outlived the grace";
+  gate.Notify();
+  ASSERT_TRUE(queued->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(queued->failure.code(), absl::StatusCode::kUnavailable) << queued->failure;
+  EXPECT_EQ(queued->answers, 1);
+  ASSERT_TRUE(running->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(running->failure.ok());
+  absl::MutexLock lock(&runner.mu);
+  EXPECT_EQ(runner.batches.size(), 1u) << "the queued task never reached the runner";
 }
 
 TEST(BatcherTest, ManyConcurrentSubmittersEachAnsweredExactlyOnce) {

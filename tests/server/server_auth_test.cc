@@ -31,8 +31,8 @@ using grpc::health::v1::HealthCheckResponse;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 constexpr char kTokens[] = "# praxis tokens\nalpha-token\n\n  beta-token \r\n";
-const model::WindowLayout kWarmup = {
-    .anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4};
+constexpr wire::StepGeometry kWarmup = {
+    .text_len = 5, .anchor_h = 3, .anchor_w = 4, .k = 2, .f = 1, .h = 3, .w = 4};
 
 std::string TokenFile() {
   const std::string path = JoinPath(::testing::TempDir(), "praxis_tokens");

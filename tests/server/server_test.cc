@@ -1,4 +1,6 @@
-// The real server on 127.0.0.1:0 with the tiny model, through the real client (issue 4's tests).
+// The real server on 127.0.0.1:0 through the real client, on a fake model: serving (health,
+// chunking, batching, budgets, deadlines, cancellation, sessions, metrics), not numerics, which
+// server_model_test.cc checks on the tiny model. Lifecycle and budgets: server_lifecycle_test.cc.
 
 #include "server/server.h"
 
@@ -15,54 +17,34 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/praxis_client.h"
-#include "client/request_builder.h"
 #include "model/model_loader.h"
-#include "tests/server/gated_runner.h"
+#include "server/step_request.h"
+#include "tests/server/fake_step_runner.h"
 #include "tests/server/malformed_requests.h"
 #include "tests/server/metrics_text.h"
 #include "tests/server/reflection_probe.h"
-#include "wire/synthetic.h"
+#include "tests/server/server_steps.h"
 
 namespace praxis::serve {
 namespace {
 
 using client::Client;
 using client::StepReply;
-using fixtures::GatedRunner;
+using fixtures::Eventually;
+using fixtures::FakeStepRunner;
+using fixtures::kLayouts;
+using fixtures::kTimeout;
+using fixtures::MaxAbsDiff;
 using grpc::health::v1::HealthCheckResponse;
 
-constexpr absl::Duration kTimeout = absl::Seconds(60);
 constexpr int64_t kChunkBytes = 4096;
 constexpr int64_t kQueueRequests = 40;
-
-// Three layouts of the tiny model: K = 2, K = 1 with F = 2, K = 3.
-const model::WindowLayout kLayouts[] = {
-    {.anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4},
-    {.anchor_h = 2, .anchor_w = 2, .text_len = 7, .k = 1, .f = 2, .h = 4, .w = 4},
-    {.anchor_h = 4, .anchor_w = 4, .text_len = 3, .k = 3, .f = 1, .h = 2, .w = 5},
-};
-
-std::unique_ptr<model::VideoBackbone> TinyModel() {
-  return std::move(model::LoadModel({}, {}).value().model);
-}
-
-// Polls `done` every millisecond for at most `timeout`; for states with no event to wait on.
-template <typename F>
-bool Eventually(F done, absl::Duration timeout = absl::Seconds(60)) {
-  for (const absl::Time end = absl::Now() + timeout; absl::Now() < end;) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return done();
-}
 
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto gate =
-        std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
-    gate_ = gate.get();
-    reference_ = TinyModel().release();
+    auto fake = std::make_unique<FakeStepRunner>();
+    fake_ = fake.get();
     ServerOptions o;
     o.address = "127.0.0.1:0";
     o.metrics_address = "127.0.0.1:0";
@@ -73,7 +55,7 @@ class ServerTest : public ::testing::Test {
     o.max_message_bytes = 4 << 20;
     o.model = {"embedded:tiny", "cpu", "float32", "tiny"};
     o.config_json = model::kEmbeddedTinyConfig;
-    server_ = PraxisServer::Create(o, std::move(gate)).value().release();
+    server_ = PraxisServer::Create(o, std::move(fake)).value().release();
     ASSERT_TRUE(server_->Warmup(kLayouts[0]).ok());
     client::ClientOptions co;
     co.max_attempts = 1;
@@ -83,32 +65,20 @@ class ServerTest : public ::testing::Test {
     server_->Drain(absl::Seconds(10));
     delete client_;
     delete server_;
-    delete reference_;
   }
-  void TearDown() override { gate_->Open(); }
+  void TearDown() override { fake_->Open(); }
 
-  static const model::BackboneConfig& config() { return reference_->config(); }
+  static const model::BackboneConfig& config() { return fake_->config(); }
 
-  // A request of `rows` rows for `layout` with inputs drawn from `seed`, asking for every output.
-  static v1::StepRequest Request(const model::WindowLayout& layout, uint64_t seed,
+  static v1::StepRequest Request(const wire::StepGeometry& layout, uint64_t seed,
                                  bool decode = true, int64_t rows = 1) {
-    model::StepInputs in =
-        wire::SyntheticInputs(config().step_dims(), model::GeometryOf(layout), rows, seed);
-    in.decode = decode;
-    client::RequestOptions o;
-    o.outputs = {"cond", "taps", "embeddings", "positions"};
-    if (decode) o.outputs.push_back("velocity");
-    o.request_id = absl::StrCat("req-", seed);
-    return client::MakeStepRequest(in, o).value();
+    return fixtures::Request(config(), layout, seed, decode, rows);
   }
 
-  // What the in-process forward gives for `r`, by output name.
+  // What the fake model answers for `r` alone, by output name.
   static std::map<std::string, torch::Tensor> Expected(const v1::StepRequest& r) {
     const DecodedStep d = DecodeStepRequest(r, config()).value();
-    const model::BackboneOutput o = reference_->Forward(d.inputs).value();
-    std::map<std::string, torch::Tensor> m;
-    for (auto& [name, t] : model::NamedOutputs(o)) m[name] = t;
-    return m;
+    return fixtures::ByName(FakeStepRunner::Outputs(config(), d.inputs, torch::kFloat32));
   }
 
   static absl::StatusOr<StepReply> Step(const v1::StepRequest& r,
@@ -118,15 +88,10 @@ class ServerTest : public ::testing::Test {
 
   static std::string Metrics() { return fixtures::HttpGet(server_->metrics_port(), "/metrics"); }
 
-  static inline GatedRunner* gate_ = nullptr;
-  static inline model::VideoBackbone* reference_ = nullptr;
+  static inline FakeStepRunner* fake_ = nullptr;
   static inline PraxisServer* server_ = nullptr;
   static inline Client* client_ = nullptr;
 };
-
-double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
-}
 
 TEST_F(ServerTest, HealthIsServingAndModelInfoDescribesTheModel) {
   EXPECT_EQ(client_->Health("", kTimeout).value(), HealthCheckResponse::SERVING);
@@ -150,50 +115,6 @@ TEST_F(ServerTest, ReflectionListsTheServices) {
   EXPECT_TRUE(reply.status.ok()) << reply.status.error_message();
   EXPECT_TRUE(absl::StrContains(reply.bytes, "praxis.v1.Praxis"));
   EXPECT_TRUE(absl::StrContains(reply.bytes, "grpc.health.v1.Health"));
-}
-
-TEST_F(ServerTest, ServedOutputsEqualTheInProcessForwardBitForBit) {
-  int cases = 0;
-  for (const model::WindowLayout& l : kLayouts) {
-    for (bool decode : {true, false}) {
-      v1::StepRequest r = Request(l, 100 + cases, decode, /*rows=*/1 + cases % 2);
-      if (cases % 3 == 2) {
-        for (int64_t s : {3, 1, 4, 1}) r.add_rope_shifts(s);
-      }
-      ++cases;
-      const absl::StatusOr<StepReply> reply = Step(r);
-      ASSERT_TRUE(reply.ok()) << reply.status();
-      const std::map<std::string, torch::Tensor> want = Expected(r);
-      ASSERT_EQ(reply->tensors.size(), want.size());
-      for (const auto& [name, expected] : want) {
-        const torch::Tensor& got = reply->tensors.at(name);
-        EXPECT_EQ(got.scalar_type(), expected.scalar_type()) << name;
-        EXPECT_TRUE(torch::equal(got, expected))
-            << name << " differs by " << MaxAbsDiff(got, expected);
-      }
-      EXPECT_EQ(reply->header.request_id(), r.request_id());
-      EXPECT_EQ(reply->header.n_chunks(), l.k);
-      EXPECT_EQ(reply->header.tokens_per_frame(), l.h * l.w);
-      EXPECT_EQ(reply->header.has_clean_span(), l.k > 1);
-      EXPECT_FALSE(reply->header.layout_key().empty());
-    }
-  }
-}
-
-TEST_F(ServerTest, BfloatWireDtypeCarriesTheRoundedOutputs) {
-  v1::StepRequest r = Request(kLayouts[0], 7);
-  r.set_wire_dtype(v1::BFLOAT16);
-  const absl::StatusOr<StepReply> reply = Step(r);
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  for (const auto& [name, expected] : Expected(r)) {
-    const torch::Tensor& got = reply->tensors.at(name);
-    if (name == "positions") {
-      EXPECT_TRUE(torch::equal(got, expected));
-    } else {
-      EXPECT_EQ(got.scalar_type(), torch::kBFloat16) << name;
-      EXPECT_TRUE(torch::equal(got, expected.to(torch::kBFloat16))) << name;
-    }
-  }
 }
 
 // Only what was asked for is sent, and every chunk respects the limit.
@@ -242,14 +163,14 @@ TEST_F(ServerTest, ConcurrentCallersEachGetTheirOwnRows) {
     expected.push_back(Expected(requests.back()));
   }
   const std::string before = Metrics();
-  gate_->Close();  // hold the first batch so the others queue up and batch together
+  fake_->Close();  // hold the first batch so the others queue up and batch together
   std::vector<absl::StatusOr<StepReply>> replies(kCallers, absl::UnknownError("not run"));
   std::vector<std::thread> callers;
   for (int i = 0; i < kCallers; ++i) {
     callers.emplace_back([&, i] { replies[i] = Step(requests[i]); });
   }
   ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests >= kCallers - 8; }));
-  gate_->Open();
+  fake_->Open();
   for (std::thread& t : callers) t.join();
   int32_t max_batch = 0;
   for (int i = 0; i < kCallers; ++i) {
@@ -277,12 +198,12 @@ TEST_F(ServerTest, ConcurrentCallersEachGetTheirOwnRows) {
 }
 
 TEST_F(ServerTest, FullQueueIsRefusedAtOnceWithResourceExhausted) {
-  const int64_t entered = gate_->batches_entered();
-  gate_->Close();
+  const int64_t entered = fake_->batches_entered();
+  fake_->Close();
   std::vector<absl::StatusOr<StepReply>> replies(kQueueRequests + 1, absl::UnknownError(""));
   std::vector<std::thread> callers;
   callers.emplace_back([&] { replies[0] = Step(Request(kLayouts[0], 1)); });
-  ASSERT_TRUE(gate_->WaitEntered(entered + 1));  // the first runs (held at the gate)
+  ASSERT_TRUE(fake_->WaitEntered(entered + 1));  // the first runs (held at the gate)
   for (int i = 1; i <= kQueueRequests; ++i) {
     callers.emplace_back([&, i] { replies[i] = Step(Request(kLayouts[i % 3], i)); });
   }
@@ -291,7 +212,7 @@ TEST_F(ServerTest, FullQueueIsRefusedAtOnceWithResourceExhausted) {
   const absl::StatusOr<StepReply> refused = Step(Request(kLayouts[1], 99));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "queue full"));
-  gate_->Open();
+  fake_->Open();
   for (std::thread& t : callers) t.join();
   for (const auto& r : replies) EXPECT_TRUE(r.ok()) << r.status();
   EXPECT_GE(*fixtures::Sample(Metrics(), "praxis_requests_total",
@@ -300,31 +221,31 @@ TEST_F(ServerTest, FullQueueIsRefusedAtOnceWithResourceExhausted) {
 }
 
 TEST_F(ServerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
-  const int64_t entered = gate_->batches_entered();
-  const int64_t rows_before = gate_->rows_run();
+  const int64_t entered = fake_->batches_entered();
+  const int64_t rows_before = fake_->rows_run();
   const double computed_before = *fixtures::Sample(Metrics(), "praxis_computed_rows_total");
-  gate_->Close();
+  fake_->Close();
   absl::StatusOr<StepReply> first = absl::UnknownError("");
   std::thread runner([&] { first = Step(Request(kLayouts[0], 2)); });
-  ASSERT_TRUE(gate_->WaitEntered(entered + 1));
+  ASSERT_TRUE(fake_->WaitEntered(entered + 1));
   const absl::StatusOr<StepReply> late = Step(Request(kLayouts[1], 3), absl::Milliseconds(300));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
-  gate_->Open();
+  fake_->Open();
   runner.join();
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 0; }));
-  EXPECT_EQ(gate_->rows_run(), rows_before + 1);  // the first request only
+  EXPECT_EQ(fake_->rows_run(), rows_before + 1);  // the first request only
   EXPECT_EQ(*fixtures::Sample(Metrics(), "praxis_computed_rows_total"), computed_before + 1);
   EXPECT_GE(server_->batcher_stats().expired, 1);
 }
 
 TEST_F(ServerTest, CancelledWhileQueuedIsNeverComputed) {
-  const int64_t entered = gate_->batches_entered();
-  const int64_t rows_before = gate_->rows_run();
-  gate_->Close();
+  const int64_t entered = fake_->batches_entered();
+  const int64_t rows_before = fake_->rows_run();
+  fake_->Close();
   absl::StatusOr<StepReply> first = absl::UnknownError("");
   std::thread runner([&] { first = Step(Request(kLayouts[0], 4)); });
-  ASSERT_TRUE(gate_->WaitEntered(entered + 1));
+  ASSERT_TRUE(fake_->WaitEntered(entered + 1));
   auto stub = v1::Praxis::NewStub(client_->channel());
   grpc::ClientContext ctx;
   grpc::Status cancelled_status;
@@ -339,11 +260,11 @@ TEST_F(ServerTest, CancelledWhileQueuedIsNeverComputed) {
   ctx.TryCancel();
   cancelled.join();
   EXPECT_EQ(cancelled_status.error_code(), grpc::StatusCode::CANCELLED);
-  gate_->Open();
+  fake_->Open();
   runner.join();
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 0; }));
-  EXPECT_EQ(gate_->rows_run(), rows_before + 1);
+  EXPECT_EQ(fake_->rows_run(), rows_before + 1);
 }
 
 TEST_F(ServerTest, MalformedRequestsAreRefusedNamingTheFieldAndTheServerServesOn) {
@@ -391,7 +312,7 @@ TEST_F(ServerTest, SessionAnswersStepsInOrderAndSurvivesABadStep) {
 // the session, and the server, go on.
 TEST_F(ServerTest, ASessionStepThatThrowsIsAnsweredAndTheSessionGoesOn) {
   std::unique_ptr<client::Session> session = client_->OpenSession(kTimeout);
-  gate_->ThrowNext();
+  fake_->ThrowNext();
   const absl::StatusOr<StepReply> failed = session->Step(Request(kLayouts[0], 600));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(failed.status().message().find("injected failure"), std::string::npos)
@@ -428,94 +349,6 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_GT(Sample(m, "praxis_received_bytes_total").value_or(0), 0);
   EXPECT_GT(Sample(m, "praxis_sent_bytes_total").value_or(0), 0);
   EXPECT_EQ(Sample(m, "praxis_serving"), 1);
-}
-
-// A server of its own (no metrics endpoint, a 1 ms batch delay) around a gated tiny model, with
-// a client that does not retry: for tests of the lifecycle and of budgets.
-struct GatedServer {
-  explicit GatedServer(ServerOptions o = {}) {
-    auto owned =
-        std::make_unique<GatedRunner>(std::make_unique<model::BackboneStepRunner>(TinyModel()));
-    gate = owned.get();
-    o.address = "127.0.0.1:0";
-    o.metrics_address = "";
-    o.batch.max_queue_delay = absl::Milliseconds(1);
-    server = PraxisServer::Create(o, std::move(owned)).value();
-    client::ClientOptions co;
-    co.max_attempts = 1;
-    client = Client::Create(absl::StrCat("127.0.0.1:", server->port()), co).value();
-  }
-  GatedRunner* gate;
-  std::unique_ptr<PraxisServer> server;
-  std::unique_ptr<Client> client;
-};
-
-// A second server: the lifecycle around warm-up and drain.
-TEST(ServerLifecycleTest, NotServingUntilWarmAndDrainFinishesAcceptedWork) {
-  GatedServer s;
-  GatedRunner* gate = s.gate;
-  PraxisServer* server = s.server.get();
-  Client* client = s.client.get();
-  const v1::StepRequest r = fixtures::Valid();
-
-  EXPECT_EQ(client->Health("", kTimeout).value(), HealthCheckResponse::NOT_SERVING);
-  EXPECT_EQ(client->Step(r, kTimeout).status().code(), absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(server->Warmup(kLayouts[0]).ok());
-  EXPECT_EQ(client->Health("", kTimeout).value(), HealthCheckResponse::SERVING);
-
-  std::unique_ptr<client::Session> idle = client->OpenSession(kTimeout);
-  ASSERT_TRUE(idle->Step(r).ok());
-  const int64_t entered = gate->batches_entered();
-  gate->Close();
-  absl::StatusOr<StepReply> running = absl::UnknownError(""), queued = absl::UnknownError("");
-  std::thread a([&] { running = client->Step(r, kTimeout); });
-  ASSERT_TRUE(gate->WaitEntered(entered + 1));
-  std::thread b([&] { queued = client->Step(r, kTimeout); });
-  ASSERT_TRUE(Eventually([&] { return server->batcher_stats().queued_requests == 1; }));
-  std::thread drain([&] { server->Drain(absl::Seconds(30)); });
-  ASSERT_TRUE(Eventually([&] {
-    auto h = client->Health("", kTimeout);
-    return h.ok() && *h == HealthCheckResponse::NOT_SERVING;
-  }));
-  EXPECT_EQ(client->Step(r, kTimeout).status().code(), absl::StatusCode::kUnavailable);
-  const absl::StatusOr<StepReply> during = client->OpenSession(kTimeout)->Step(r);
-  gate->Open();
-  a.join();
-  b.join();
-  drain.join();
-  EXPECT_TRUE(running.ok()) << running.status();
-  EXPECT_TRUE(queued.ok()) << queued.status();
-  // The idle session was ended by the drain with UNAVAILABLE (reconnect elsewhere), as was the one
-  // opened during it.
-  EXPECT_EQ(idle->Step(r).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(during.status().code(), absl::StatusCode::kUnavailable) << during.status();
-}
-
-// Answers nobody has taken yet are bounded: a step whose answer does not fit the pending budget is
-// refused before it is queued, and the budget comes back once the answer is written.
-TEST(ServerBudgetTest, PendingAnswersAreBoundedAndReleased) {
-  const v1::StepRequest r = fixtures::Valid();  // a 30720-byte answer
-  ServerOptions o;
-  o.service.max_pending_response_bytes = 40000;
-  GatedServer s(o);
-  GatedRunner* gate = s.gate;
-  PraxisServer* server = s.server.get();
-  Client* client = s.client.get();
-  ASSERT_TRUE(server->Warmup(kLayouts[0]).ok());
-  gate->Close();
-  absl::StatusOr<StepReply> held = absl::UnknownError("");
-  std::thread a([&] { held = client->Step(r, kTimeout); });
-  ASSERT_TRUE(Eventually([&] { return server->service_counts().pending_response_bytes > 0; }));
-  EXPECT_EQ(server->service_counts().pending_response_bytes, 30720);
-  const absl::Status refused = client->Step(r, kTimeout).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(refused.message().find("--max_pending_response_bytes"), std::string::npos) << refused;
-  gate->Open();
-  a.join();
-  ASSERT_TRUE(held.ok()) << held.status();
-  ASSERT_TRUE(Eventually([&] { return server->service_counts().pending_response_bytes == 0; }));
-  EXPECT_TRUE(client->Step(r, kTimeout).ok());
-  server->Drain(absl::Seconds(10));
 }
 
 }  // namespace
