@@ -72,13 +72,37 @@ TEST(ConfigTest, ParsesTiny) {
 }
 
 TEST(ConfigTest, EveryRepositoryConfigLoads) {
-  for (const char* name : {"tiny.json", "bench.json", "praxis-1.json"}) {
+  for (const char* name : {"tiny.json", "bench.json", "praxis-1.json", "praxis-1-reduced.json"}) {
     absl::StatusOr<BackboneConfig> c = LoadConfig(RepoConfig(name));
     EXPECT_TRUE(c.ok()) << name << ": " << c.status();
   }
   absl::StatusOr<BackboneConfig> bench = LoadConfig(RepoConfig("bench.json"));
   ASSERT_TRUE(bench.ok());
   EXPECT_EQ(bench->param_dtype(), torch::kBFloat16);
+}
+
+// The GPU check's model (issue 14): Praxis-1's widths, experts and heads, 4 blocks per tower.
+TEST(ConfigTest, Praxis1ReducedIsPraxis1WithFourBlocksPerTower) {
+  std::ifstream full_in(RepoConfig("praxis-1.json"));
+  std::ifstream reduced_in(RepoConfig("praxis-1-reduced.json"));
+  Json full = Json::parse(full_in), reduced = Json::parse(reduced_in);
+  for (const char* tower : {"encoder", "decoder"}) {
+    EXPECT_EQ(reduced["backbone"][tower]["depth"], 4) << tower;
+    EXPECT_EQ(reduced["backbone"][tower]["moe_blocks"], Json::parse("[1, 2, 3]")) << tower;
+    for (const char* key : {"depth", "moe_blocks"}) {
+      full["backbone"][tower][key] = reduced["backbone"][tower][key];
+    }
+  }
+  EXPECT_EQ(reduced["backbone"]["encoder"]["tap_blocks"], Json::parse("[0, 1, 2, 3]"));
+  full["backbone"]["encoder"]["tap_blocks"] = reduced["backbone"]["encoder"]["tap_blocks"];
+  EXPECT_EQ(reduced, full) << "only depths, MoE blocks and taps differ from praxis-1.json";
+  absl::StatusOr<BackboneConfig> c = LoadConfig(RepoConfig("praxis-1-reduced.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dim, 2048);
+  EXPECT_EQ(c->num_heads, 16);
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->moe.num_experts, 64);
+  EXPECT_EQ(c->moe.top_k, 4);
 }
 
 TEST(ConfigTest, LoadConfigAcceptsADirectory) {

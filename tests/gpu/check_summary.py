@@ -1,0 +1,40 @@
+"""Checks the summary.json of `scripts/gpu-check.sh OUTDIR --cpu` (CTest gpu_check_cpu): every key
+the device's summary will have, every stage exited 0, no test failed, and the figures are numbers.
+"""
+
+import json
+import sys
+
+
+def main(path):
+    with open(path) as f:
+        s = json.load(f)
+    for key in ("mode", "gpu", "versions", "stages", "parity", "bench", "served", "cuda_graphs",
+                "elapsed_s"):
+        assert key in s, f"summary.json lacks {key}"
+    assert s["mode"] == "cpu", s["mode"]
+    assert s["cuda_graphs"] == "not built", s["cuda_graphs"]
+    stages = {"gpu_test", "bench_tiny_sparse", "bench_tiny_dense", "bench_bench_sparse",
+              "bench_bench_dense", "server_start", "load_1", "load_8", "server_exit"}
+    assert set(s["stages"]) == stages, s["stages"]
+    assert all(rc == 0 for rc in s["stages"].values()), s["stages"]
+    parity = s["parity"]
+    assert parity["tests"] >= 4 and parity["failures"] == 0, parity
+    assert parity["skipped"] == parity["tests"], "without CUDA every GPU test skips"
+    assert set(s["bench"]) == {"tiny", "bench"}, list(s["bench"])
+    for name, bench in s["bench"].items():
+        assert bench["gemm_bf16"]["tflops"] > 0, name
+        for mode in ("sparse", "dense"):
+            layout = bench["attention"][mode]["layouts"]["small"]
+            assert layout["p50_ms"] > 0 and layout["useful_tflops"] > 0, (name, mode, layout)
+            assert bench["attention"][mode]["memory"]["peak_bytes"] > 0, (name, mode)
+    for callers in ("1", "8"):
+        load = s["served"][callers]
+        assert load["ok"] > 0 and load["errors"] == 0, (callers, load)
+        assert 0 < load["p50_ms"] <= load["p99_ms"], (callers, load)
+    assert s["versions"]["torch_python"] is None or "2.11.0" in s["versions"]["torch_python"]
+    print(f"{path}: every key present, {len(stages)} stages exited 0")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
