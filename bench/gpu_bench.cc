@@ -29,9 +29,10 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "model/model_loader.h"
-#include "model/step_batch.h"
 #include "model/step_cost.h"
 #include "nlohmann/json.hpp"
+#include "wire/layout_key.h"
+#include "wire/synthetic.h"
 
 ABSL_FLAG(std::string, device, "cuda", "cpu | cuda | cuda:N");
 ABSL_FLAG(std::string, config, "configs/bench.json", "config.json served with random weights");
@@ -98,9 +99,11 @@ Json Memory(const torch::Device& d) {
 // Cold (first, builds the masks) and timed steps of `model` on `layout`, with their useful rate.
 Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, double gemm) {
   const torch::Device d = model.options().device;
-  StepInputs in = SyntheticStep(model.config(), layout, 1, /*seed=*/0);
-  for (torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
-    if (t->defined()) *t = t->to(d);
+  StepInputs in = wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout), 1,
+                                        /*seed=*/0);
+  for (const wire::InputField& field : wire::kInputFields) {
+    torch::Tensor& t = in.*field.tensor;
+    if (t.defined()) t = t.to(d);
   }
   Sync(d);
   absl::Time t0 = absl::Now();
@@ -132,7 +135,7 @@ Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, d
 absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mode, double gemm) {
   BackboneOptions options;
   options.device = device;
-  PRAXIS_ASSIGN_OR_RETURN(options.attention, ParseAttention(mode));
+  PRAXIS_ASSIGN_OR_RETURN(options.attention, ParseAttention(mode, "--attention"));
   ModelSource source;
   source.config_path = absl::GetFlag(FLAGS_config);
   source.dtype = absl::GetFlag(FLAGS_dtype);
@@ -146,14 +149,15 @@ absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mo
     }
     const WindowLayout& layout = name == "bench" ? kBenchLayout : kSmallLayout;
     m["layouts"][name] = TimeLayout(*loaded.model, layout, absl::GetFlag(FLAGS_repeats), gemm);
-    m["layouts"][name]["key"] = LayoutKey(layout, /*decode=*/true, {});
+    m["layouts"][name]["key"] = wire::LayoutKey(GeometryOf(layout), /*decode=*/true, {});
   }
   m["memory"] = Memory(device);
   return m;
 }
 
 absl::StatusOr<Json> Run() {
-  PRAXIS_ASSIGN_OR_RETURN(torch::Device device, ParseDevice(absl::GetFlag(FLAGS_device)));
+  PRAXIS_ASSIGN_OR_RETURN(torch::Device device,
+                          ParseDevice(absl::GetFlag(FLAGS_device), "--device"));
   if (device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("--device=cuda but LibTorch sees no CUDA device");
   }

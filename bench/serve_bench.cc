@@ -90,9 +90,8 @@ void Run() {
   torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   const int repeats = absl::GetFlag(FLAGS_repeats);
   std::unique_ptr<model::StepRunner> runner = BenchRunner();
-  const model::StepInputs in =
-      wire::SyntheticInputs(runner->config().step_dims(), model::GeometryOf(model::kBenchLayout),
-                            1, /*seed=*/0);
+  const model::StepInputs in = wire::SyntheticInputs(
+      runner->config().step_dims(), model::GeometryOf(model::kBenchLayout), 1, /*seed=*/0);
   const v1::StepRequest request = BenchRequest(in);
 
   // (a) The same model object, first in process, then behind the server.
@@ -129,8 +128,8 @@ void Run() {
       .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
   const model::BackboneConfig& config = server->model().config();
   for (const auto& [name, layout] : {std::pair{"bench", model::kBenchLayout}, {"small", small}}) {
-    const v1::StepRequest r = BenchRequest(
-        wire::SyntheticInputs(config.step_dims(), model::GeometryOf(layout), 1, 1));
+    const v1::StepRequest r =
+        BenchRequest(wire::SyntheticInputs(config.step_dims(), model::GeometryOf(layout), 1, 1));
     if (!c->Step(r, kTimeout).ok() || !c1->Step(r, kTimeout).ok()) std::abort();  // masks
     const int n = name == std::string("small") ? 20 * rounds : rounds;
     const double on = Throughput(*c, r, n);

@@ -13,9 +13,8 @@
 
 namespace praxis::client {
 
-absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
-                                               const wire::StepDims& dims, int64_t rows,
-                                               const RequestOptions& options) {
+absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text, const wire::StepDims& dims,
+                                               int64_t rows, const RequestOptions& options) {
   std::vector<MixEntry> mix;
   for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
     MixEntry e;

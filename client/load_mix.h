@@ -21,10 +21,10 @@ struct MixEntry {
 };
 
 // Parses `text` = ENTRY;ENTRY;… with ENTRY = text_len,h,w,K,F[,enc][*WEIGHT] into requests of
-// `rows` rows of synthetic inputs of the model's `dims`, asking for `options`' outputs (velocity dropped for
-// enc entries, cond asked when nothing is left). InvalidArgument naming --mix when malformed.
-absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text,
-                                               const wire::StepDims& dims, int64_t rows,
-                                               const RequestOptions& options);
+// `rows` rows of synthetic inputs of the model's `dims`, asking for `options`' outputs (velocity
+// dropped for enc entries, cond asked when nothing is left). InvalidArgument naming --mix when
+// malformed.
+absl::StatusOr<std::vector<MixEntry>> ParseMix(const std::string& text, const wire::StepDims& dims,
+                                               int64_t rows, const RequestOptions& options);
 
 }  // namespace praxis::client

@@ -99,7 +99,8 @@ absl::StatusOr<wire::StepInputs> Inputs(const Client& c) {
     }
   }
   in.decode = absl::GetFlag(FLAGS_decode);
-  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
+  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts,
+                          wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
   return in;
 }
 
@@ -108,7 +109,8 @@ absl::Status Step(const Client& c) {
   PRAXIS_ASSIGN_OR_RETURN(const wire::StepInputs in, Inputs(c));
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
-  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype,
+                          wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   options.request_id = "praxis-cli";
   PRAXIS_ASSIGN_OR_RETURN(const v1::StepRequest request, MakeStepRequest(in, options));
   absl::StatusOr<StepReply> answered = c.Step(request, absl::GetFlag(FLAGS_timeout));

@@ -62,11 +62,11 @@ namespace {
 
 // The mix of --mix, --batch, --outputs and --wire_dtype for a model's `dims`, requests of `rows`
 // rows.
-absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const wire::StepDims& dims,
-                                                   int64_t rows) {
+absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const wire::StepDims& dims, int64_t rows) {
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
-  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype, wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype,
+                          wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   return ParseMix(absl::GetFlag(FLAGS_mix), dims, rows, options);
 }
 

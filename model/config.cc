@@ -274,27 +274,6 @@ torch::ScalarType BackboneConfig::param_dtype() const {
   return *t;
 }
 
-absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
-  if (name == "float32") return torch::kFloat32;
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float16") return torch::kFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype must be float32, bfloat16 or float16, got \"", name, "\""));
-}
-
-std::string DtypeName(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat32:
-      return "float32";
-    case torch::kBFloat16:
-      return "bfloat16";
-    case torch::kFloat16:
-      return "float16";
-    default:
-      return c10::toString(dtype);
-  }
-}
-
 absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text) {
   PRAXIS_RETURN_IF_ERROR(CheckNesting(json_text));
   Json root;

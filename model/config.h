@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "wire/dtype_names.h"
 #include "wire/step_inputs.h"
 
 namespace praxis::model {
@@ -82,10 +83,8 @@ absl::StatusOr<BackboneConfig> ParseConfig(const std::string& json_text);
 // most kMaxConfigBytes is read (a FIFO is refused, not waited on); errors are prefixed with it.
 absl::StatusOr<BackboneConfig> LoadConfig(const std::string& path);
 
-// "float32" | "bfloat16" | "float16" to the torch dtype; InvalidArgument otherwise.
-absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name);
-
-// The inverse of ParseDtype ("float32", ...); torch's own name for other dtypes.
-std::string DtypeName(torch::ScalarType dtype);
+// The dtype names (wire/dtype_names.h), which config.json's dtype fields use.
+using wire::DtypeName;
+using wire::ParseDtype;
 
 }  // namespace praxis::model

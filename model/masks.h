@@ -143,12 +143,23 @@ inline constexpr WindowLayout kBenchLayout{.registers = 4,
 
 // A step's geometry as a window layout with `registers` registers, and back (registers dropped).
 inline WindowLayout WindowOf(const wire::StepGeometry& g, int64_t registers = 0) {
-  return {.registers = registers, .anchor_h = g.anchor_h, .anchor_w = g.anchor_w,
-          .text_len = g.text_len, .k = g.k, .f = g.f, .h = g.h, .w = g.w};
+  return {.registers = registers,
+          .anchor_h = g.anchor_h,
+          .anchor_w = g.anchor_w,
+          .text_len = g.text_len,
+          .k = g.k,
+          .f = g.f,
+          .h = g.h,
+          .w = g.w};
 }
 inline wire::StepGeometry GeometryOf(const WindowLayout& l) {
-  return {.text_len = l.text_len, .anchor_h = l.anchor_h, .anchor_w = l.anchor_w, .k = l.k,
-          .f = l.f, .h = l.h, .w = l.w};
+  return {.text_len = l.text_len,
+          .anchor_h = l.anchor_h,
+          .anchor_w = l.anchor_w,
+          .k = l.k,
+          .f = l.f,
+          .h = l.h,
+          .w = l.w};
 }
 
 // The window layout of a step (registers left 0: they are the config's). `in` must have passed

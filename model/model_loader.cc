@@ -70,20 +70,20 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneO
   }
 }
 
-absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name, absl::string_view field) {
   try {
     return torch::Device(name);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device: expected cpu, cuda or cuda:N, got \"", name, "\""));
+        absl::StrCat(field, ": expected cpu, cuda or cuda:N, got \"", name, "\""));
   }
 }
 
-absl::StatusOr<AttentionMode> ParseAttention(const std::string& name) {
+absl::StatusOr<AttentionMode> ParseAttention(const std::string& name, absl::string_view field) {
   if (name == "sparse") return AttentionMode::kSparse;
   if (name == "dense") return AttentionMode::kDense;
   return absl::InvalidArgumentError(
-      absl::StrCat("--attention: expected sparse or dense, got \"", name, "\""));
+      absl::StrCat(field, ": expected sparse or dense, got \"", name, "\""));
 }
 
 }  // namespace praxis::model

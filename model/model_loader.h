@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "model/backbone.h"
 
 namespace praxis::model {
@@ -35,9 +36,9 @@ struct LoadedModel {
 // becomes ResourceExhausted or Internal, never an escape.
 absl::StatusOr<LoadedModel> LoadModel(const ModelSource& source, const BackboneOptions& options);
 
-// "cpu" | "cuda" | "cuda:N"; InvalidArgument naming --device otherwise.
-absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
-// "sparse" | "dense"; InvalidArgument naming --attention otherwise.
-absl::StatusOr<AttentionMode> ParseAttention(const std::string& name);
+// "cpu" | "cuda" | "cuda:N"; InvalidArgument naming `field` (the caller's flag) otherwise.
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name, absl::string_view field);
+// "sparse" | "dense"; InvalidArgument naming `field` otherwise.
+absl::StatusOr<AttentionMode> ParseAttention(const std::string& name, absl::string_view field);
 
 }  // namespace praxis::model

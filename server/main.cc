@@ -25,10 +25,10 @@
 #include "common/usage.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
-#include "wire/layout_key.h"
 #include "model/step_runner.h"
 #include "nlohmann/json.hpp"
 #include "server/server.h"
+#include "wire/layout_key.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to serve gRPC on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port; 0 picks a free one (logged at start)");
@@ -186,9 +186,10 @@ absl::Status Run() {
   PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry warmup,
                           wire::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
   model::BackboneOptions backbone;
-  PRAXIS_ASSIGN_OR_RETURN(backbone.device, model::ParseDevice(absl::GetFlag(FLAGS_device)));
+  PRAXIS_ASSIGN_OR_RETURN(backbone.device,
+                          model::ParseDevice(absl::GetFlag(FLAGS_device), "--device"));
   PRAXIS_ASSIGN_OR_RETURN(backbone.attention,
-                          model::ParseAttention(absl::GetFlag(FLAGS_attention)));
+                          model::ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
   backbone.mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
   backbone.mask_cache_bytes = absl::GetFlag(FLAGS_mask_cache_bytes);
   const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
@@ -202,8 +203,8 @@ absl::Status Run() {
     bool slow = false;
     const std::string cpu =
         model::DescribeCpuForDtype(model::DetectCpuIsa(), loaded.model->dtype(), &slow);
-    (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << cpu
-                                   << std::endl;
+    (slow ? std::cerr : std::cout)
+        << "praxis-server: " << (slow ? "WARNING: " : "") << cpu << std::endl;
   }
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model), threads);

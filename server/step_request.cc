@@ -101,7 +101,8 @@ int64_t ResponseBytes(const OutputPlan& plan, const model::BackboneConfig& c,
                       const model::StepInputs& in, const model::StepCost& cost) {
   const int64_t b = in.noised.size(0), video = in.noised.numel() / in.noised.size(1);
   // DecodeOutputs accepted the wire dtype, so it has a torch dtype.
-  const int64_t wire = static_cast<int64_t>(c10::elementSize(*wire::FromWireDtype(plan.wire_dtype, "")));
+  const int64_t wire =
+      static_cast<int64_t>(c10::elementSize(*wire::FromWireDtype(plan.wire_dtype, "")));
   const int64_t features = b * cost.encoder_tokens * c.dim * wire;  // one tap, or embeddings
   return (plan.velocity ? in.noised.numel() * wire : 0) + (plan.cond ? video * c.dim * wire : 0) +
          static_cast<int64_t>(plan.taps.size()) * features + (plan.embeddings ? features : 0) +

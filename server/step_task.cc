@@ -16,8 +16,8 @@ StepTask::StepTask(DecodedStep step, absl::Time deadline,
       cancelled_(std::move(cancelled)),
       done_(std::move(done)) {
   const model::StepInputs& in = step_.inputs;
-  for (const torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
-    if (t->defined()) bytes_ += t->nbytes();
+  for (const wire::InputField& field : wire::kInputFields) {
+    if ((in.*field.tensor).defined()) bytes_ += (in.*field.tensor).nbytes();
   }
 }
 

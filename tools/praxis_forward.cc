@@ -46,7 +46,8 @@ namespace {
 absl::StatusOr<StepInputs> ReadInputs(const std::string& path) {
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in,
                           wire::ReadStepInputs(path, absl::GetFlag(FLAGS_frames_per_chunk)));
-  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts, wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
+  PRAXIS_ASSIGN_OR_RETURN(in.rope_shifts,
+                          wire::ParseRopeShifts(absl::GetFlag(FLAGS_rope_shifts), "--rope_shifts"));
   in.decode = absl::GetFlag(FLAGS_decode);
   return in;
 }
@@ -56,8 +57,9 @@ absl::Status Run() {
     return absl::InvalidArgumentError("give --checkpoint or --config");
   }
   BackboneOptions options;
-  PRAXIS_ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
-  PRAXIS_ASSIGN_OR_RETURN(options.attention, ParseAttention(absl::GetFlag(FLAGS_attention)));
+  PRAXIS_ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device), "--device"));
+  PRAXIS_ASSIGN_OR_RETURN(options.attention,
+                          ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
   torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   const ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                            .config_path = absl::GetFlag(FLAGS_config),
@@ -83,8 +85,7 @@ absl::Status Run() {
 }  // namespace praxis::model
 
 int main(int argc, char** argv) {
-  praxis::SetUsage(
-      "praxis-forward --checkpoint DIR --inputs in.safetensors --out out.safetensors");
+  praxis::SetUsage("praxis-forward --checkpoint DIR --inputs in.safetensors --out out.safetensors");
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = praxis::model::Run();
   if (!status.ok()) {

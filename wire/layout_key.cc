@@ -29,9 +29,13 @@ absl::StatusOr<StepGeometry> ParseLayout(absl::string_view text, absl::string_vi
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": expected five positive integers text_len,h,w,K,F, got \"", text, "\""));
   }
-  return StepGeometry{
-      .text_len = v[0], .anchor_h = v[1], .anchor_w = v[2], .k = v[3], .f = v[4], .h = v[1],
-      .w = v[2]};
+  return StepGeometry{.text_len = v[0],
+                      .anchor_h = v[1],
+                      .anchor_w = v[2],
+                      .k = v[3],
+                      .f = v[4],
+                      .h = v[1],
+                      .w = v[2]};
 }
 
 absl::StatusOr<std::array<int64_t, 4>> ParseRopeShifts(absl::string_view text,

@@ -3,16 +3,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "wire/dtype_names.h"
 #include "wire/output_names.h"
+#include "wire/tensor_codec.h"
 
 namespace praxis::wire {
 
 absl::StatusOr<v1::DType> ParseWireDtype(const std::string& name) {
-  if (name == "float32") return v1::FLOAT32;
-  if (name == "bfloat16") return v1::BFLOAT16;
-  if (name == "float16") return v1::FLOAT16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("wire dtype: expected float32, bfloat16 or float16, got \"", name, "\""));
+  const absl::StatusOr<torch::ScalarType> dtype = ParseDtype(name);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire dtype: expected float32, bfloat16 or float16, got \"", name, "\""));
+  }
+  return ToWireDtype(*dtype);
 }
 
 absl::StatusOr<v1::OutputSelection> ParseOutputs(const std::vector<std::string>& names) {

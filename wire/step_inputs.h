@@ -32,8 +32,8 @@ struct InputField {
 // The five inputs in wire order. Code that handles every input iterates this list instead of
 // naming the tensors again.
 inline constexpr InputField kInputFields[] = {
-    {"text", &StepInputs::text, false},          {"anchor", &StepInputs::anchor, false},
-    {"clean", &StepInputs::clean, true},         {"noised", &StepInputs::noised, false},
+    {"text", &StepInputs::text, false},           {"anchor", &StepInputs::anchor, false},
+    {"clean", &StepInputs::clean, true},          {"noised", &StepInputs::noised, false},
     {"timesteps", &StepInputs::timesteps, false},
 };
 

@@ -14,7 +14,7 @@ namespace praxis::wire {
 
 // Random inputs of `rows` rows with geometry `g`, deterministic in `seed`; float inputs in
 // `dtype`, timesteps float32 uniform in [0, 1]. Thread-safe (its generator is its own).
-StepInputs SyntheticInputs(const StepDims& dims, const StepGeometry& g, int64_t rows,
-                           uint64_t seed, torch::ScalarType dtype = torch::kFloat32);
+StepInputs SyntheticInputs(const StepDims& dims, const StepGeometry& g, int64_t rows, uint64_t seed,
+                           torch::ScalarType dtype = torch::kFloat32);
 
 }  // namespace praxis::wire

@@ -33,7 +33,7 @@ void Fail(const std::string& what) {
 
 // The parser under test, given the file's bytes.
 absl::StatusOr<std::unique_ptr<praxis::wire::SafetensorsFile>> Parse(const uint8_t* data,
-                                                                      size_t size) {
+                                                                     size_t size) {
   static const int fd = [] {
     const int fd = memfd_create("safetensors_fuzzer", MFD_CLOEXEC);
     if (fd < 0) Fail("memfd_create failed");

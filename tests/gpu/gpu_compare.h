@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "model/model_loader.h"
-#include "model/step_io.h"
+#include "model/step.h"
 
 namespace praxis::model::gpu {
 

@@ -7,8 +7,9 @@
 #include <string>
 
 #include "model/masks.h"
-#include "model/step_batch.h"
 #include "tests/gpu/gpu_compare.h"
+#include "wire/layout_key.h"
+#include "wire/synthetic.h"
 
 namespace praxis::model::gpu {
 namespace {
@@ -40,7 +41,8 @@ std::vector<Case> Cases() {
 }
 
 std::string Name(const Case& c) {
-  return (c.config.empty() ? std::string("tiny ") : c.config + " ") + LayoutKey(c.layout, true, {});
+  return (c.config.empty() ? std::string("tiny ") : c.config + " ") +
+         wire::LayoutKey(GeometryOf(c.layout), true, {});
 }
 
 TEST(GpuParityTest, Fp32OnCudaEqualsFp32OnCpuOnEveryOutput) {
@@ -49,7 +51,8 @@ TEST(GpuParityTest, Fp32OnCudaEqualsFp32OnCpuOnEveryOutput) {
     auto cpu = Load(c.config, "cpu", "float32");
     auto gpu = Load(c.config, "cuda", "float32");
     ASSERT_TRUE(cpu && gpu);
-    const StepInputs in = SyntheticStep(cpu->config(), c.layout, 2, /*seed=*/3);
+    const StepInputs in =
+        wire::SyntheticInputs(cpu->config().step_dims(), GeometryOf(c.layout), 2, /*seed=*/3);
     ExpectOutputsClose(Outputs(*gpu, in), Outputs(*cpu, in), ScaledMaxDiff, kFp32Tolerance,
                        Name(c));
   }
@@ -61,7 +64,8 @@ TEST(GpuParityTest, Bf16OnCudaIsWithinBf16ToleranceOfFp32OnCpu) {
     auto cpu = Load(c.config, "cpu", "float32");
     auto gpu = Load(c.config, "cuda", "bfloat16");
     ASSERT_TRUE(cpu && gpu);
-    const StepInputs in = SyntheticStep(cpu->config(), c.layout, 2, /*seed=*/4);
+    const StepInputs in =
+        wire::SyntheticInputs(cpu->config().step_dims(), GeometryOf(c.layout), 2, /*seed=*/4);
     ExpectOutputsClose(Outputs(*gpu, in), Outputs(*cpu, in), RelativeL2, kBf16Tolerance, Name(c));
   }
 }
@@ -72,7 +76,8 @@ TEST(GpuParityTest, SparseAttentionEqualsDenseOnCuda) {
     auto sparse = Load(c.config, "cuda", "float32", AttentionMode::kSparse);
     auto dense = Load(c.config, "cuda", "float32", AttentionMode::kDense);
     ASSERT_TRUE(sparse && dense);
-    const StepInputs in = SyntheticStep(sparse->config(), c.layout, 1, /*seed=*/5);
+    const StepInputs in =
+        wire::SyntheticInputs(sparse->config().step_dims(), GeometryOf(c.layout), 1, /*seed=*/5);
     ExpectOutputsClose(Outputs(*sparse, in), Outputs(*dense, in), ScaledMaxDiff, kFp32Tolerance,
                        Name(c));
   }

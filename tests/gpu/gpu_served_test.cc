@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "client/request_builder.h"
-#include "model/step_batch.h"
 #include "tests/e2e/server_process.h"
 #include "tests/gpu/gpu_compare.h"
+#include "wire/synthetic.h"
 
 namespace praxis::model::gpu {
 namespace {
@@ -26,11 +26,11 @@ TEST(GpuServedTest, StepServedOnCudaEqualsTheInProcessStep) {
   ASSERT_GT(p.pid(), 0) << "set PRAXIS_SERVER_BIN";
   ASSERT_TRUE(p.WaitServing()) << p.log();
   EXPECT_NE(p.start_line().find("device cuda"), std::string::npos) << p.start_line();
-  const WindowLayout layout{
-      .anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4};
+  const wire::StepGeometry layout{
+      .text_len = 5, .anchor_h = 3, .anchor_w = 4, .k = 2, .f = 1, .h = 3, .w = 4};
   auto local = Load("", "cuda", "");
   ASSERT_TRUE(local);
-  const StepInputs in = SyntheticStep(local->config(), layout, 1, /*seed=*/6);
+  const StepInputs in = wire::SyntheticInputs(local->config().step_dims(), layout, 1, /*seed=*/6);
   client::RequestOptions o;
   o.outputs = {"velocity", "cond", "taps", "embeddings", "positions"};
   const absl::StatusOr<client::StepReply> r = serve::fixtures::Connect(p.port())->Step(

@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "model/config_bounds.h"
-#include "wire/safetensors.h"
 #include "tests/model/checkpoint_fixture.h"
 #include "tests/model/promptly.h"
+#include "wire/safetensors.h"
 
 namespace praxis::model {
 namespace {

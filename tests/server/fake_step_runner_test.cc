@@ -10,8 +10,8 @@
 
 #include "model/model_loader.h"
 #include "server/step_batch.h"
-#include "wire/synthetic.h"
 #include "tests/server/server_steps.h"
+#include "wire/synthetic.h"
 
 namespace praxis::serve::fixtures {
 namespace {
@@ -62,10 +62,8 @@ TEST(FakeStepRunnerTest, OutputsHaveTheRealModelsNamesShapesDtypesAndSpans) {
 // tests rely on both.
 TEST(FakeStepRunnerTest, EachRowIsAnsweredAsItWouldBeAlone) {
   FakeStepRunner fake;
-  const model::StepInputs a =
-      wire::SyntheticInputs(fake.config().step_dims(), kLayouts[0], 1, 1);
-  const model::StepInputs b =
-      wire::SyntheticInputs(fake.config().step_dims(), kLayouts[0], 1, 2);
+  const model::StepInputs a = wire::SyntheticInputs(fake.config().step_dims(), kLayouts[0], 1, 1);
+  const model::StepInputs b = wire::SyntheticInputs(fake.config().step_dims(), kLayouts[0], 1, 2);
   const model::StepInputs* both[] = {&a, &b};
   const model::BackboneOutput batch = fake.Run(StackSteps(both)).value();
   const model::BackboneOutput alone = fake.Run(b).value();
@@ -80,8 +78,7 @@ TEST(FakeStepRunnerTest, EachRowIsAnsweredAsItWouldBeAlone) {
 
 TEST(FakeStepRunnerTest, GateFailuresAndDelayAreInjected) {
   FakeStepRunner fake;
-  const model::StepInputs in =
-      wire::SyntheticInputs(fake.config().step_dims(), kLayouts[1], 1, 3);
+  const model::StepInputs in = wire::SyntheticInputs(fake.config().step_dims(), kLayouts[1], 1, 3);
   fake.Close();
   absl::StatusOr<model::BackboneOutput> held = absl::UnknownError("not run");
   std::thread t([&] { held = fake.Run(in); });

@@ -8,8 +8,8 @@
 #include "model/model_loader.h"
 #include "server/step_batch.h"
 #include "server/step_request.h"
-#include "wire/layout_key.h"
 #include "tests/server/malformed_requests.h"
+#include "wire/layout_key.h"
 
 namespace praxis::serve {
 namespace {
@@ -23,8 +23,8 @@ struct Answered {
     std::vector<const model::StepInputs*> ptrs;
     for (const auto& r : rows) ptrs.push_back(&r);
     const model::BackboneOutput out = *model->Forward(StackSteps(ptrs));
-    result = StepResult{SliceRows(out, 0, 1), wire::LayoutKey(step.inputs),
-                        absl::Milliseconds(1), absl::Milliseconds(2), batch_rows};
+    result = StepResult{SliceRows(out, 0, 1), wire::LayoutKey(step.inputs), absl::Milliseconds(1),
+                        absl::Milliseconds(2), batch_rows};
   }
   std::unique_ptr<model::VideoBackbone> model;
   DecodedStep step;

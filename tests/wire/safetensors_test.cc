@@ -16,6 +16,7 @@
 namespace praxis::wire {
 namespace {
 
+using model::RunPromptly;
 using ::testing::HasSubstr;
 
 // A file under the test temp dir, removed afterwards. (POSIX, see common/file_util.h.)

@@ -9,8 +9,8 @@ namespace praxis::wire {
 namespace {
 
 constexpr StepDims kDims{.text_dim = 8, .latent_channels = 3};
-constexpr StepGeometry kGeometry{.text_len = 4, .anchor_h = 2, .anchor_w = 3, .k = 2, .f = 2,
-                                 .h = 2, .w = 3};
+constexpr StepGeometry kGeometry{
+    .text_len = 4, .anchor_h = 2, .anchor_w = 3, .k = 2, .f = 2, .h = 2, .w = 3};
 
 TEST(StepCodecTest, EveryInputIsATensorFieldOfStepRequest) {
   for (const InputField& input : kInputFields) {
