@@ -44,7 +44,8 @@ absl::Status Run() {
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
   BackboneStepRunner runner(std::move(loaded.model));
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, wire::ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0));
-  PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());  // warm-up: builds the layout's masks
+  PRAXIS_RETURN_IF_ERROR(ValidateStep(runner.config(), in));  // the runner does not check
+  PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());            // warm-up: builds the layout's masks
   std::vector<double> times;
   for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
     const auto start = std::chrono::steady_clock::now();

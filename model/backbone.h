@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "model/mask_cache.h"
 #include "model/step.h"
+#include "model/step_validation.h"  // ValidateStep, Forward's check
 
 namespace praxis::model {
 
@@ -32,14 +33,11 @@ struct BackboneOptions {
   int64_t mask_cache_bytes = int64_t{256} << 20;
 };
 
-// Checks every shape, dtype and value of `in` against `config`; InvalidArgument naming the field
-// and what was expected. Forward calls it; the server calls it before queueing.
-absl::Status ValidateStep(const BackboneConfig& config, const StepInputs& in);
-
 // The model the server holds. Weights are plain tensors on the device; masks and attention plans
 // come from the owned MaskCache, so a forward over a layout seen before builds nothing.
-// Thread-safe: concurrent Forward calls are safe (weights are read-only, the cache is
-// thread-safe), though the server runs one batch at a time per device.
+// Thread-safe: Forward and ForwardValidated may run on any number of threads at once (the weights
+// are read-only after Create and the MaskCache is thread-safe); the server happens to run one
+// batch at a time per device.
 class VideoBackbone {
  public:
   // Takes the validated tensors of a checkpoint (names per docs/model.md) already in their final
@@ -49,9 +47,16 @@ class VideoBackbone {
                                                                const BackboneOptions& options);
   ~VideoBackbone();
 
-  // One denoising step. InvalidArgument for inputs that fail ValidateStep; Internal for a LibTorch
-  // failure. No gradients are recorded.
+  // One denoising step of unchecked inputs (tools, tests): ValidateStep, then ForwardValidated.
+  // InvalidArgument for inputs that fail ValidateStep; Internal for a LibTorch failure.
   absl::StatusOr<BackboneOutput> Forward(const StepInputs& inputs);
+
+  // One denoising step of inputs that have passed ValidateStep(config(), ·) — each step of a
+  // stacked batch, as the server checks every request before queueing (StackSteps keeps that
+  // true). Not checked again: inputs that fail ValidateStep are a caller bug, with undefined
+  // results. Inputs are moved to the device once, here (through pinned memory on CUDA). Internal
+  // for a LibTorch failure. No gradients are recorded.
+  absl::StatusOr<BackboneOutput> ForwardValidated(const StepInputs& inputs);
 
   const BackboneConfig& config() const { return config_; }
   const BackboneOptions& options() const { return options_; }
@@ -62,7 +67,10 @@ class VideoBackbone {
 
  private:
   VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w);
-  absl::StatusOr<BackboneOutput> ForwardValid(const StepInputs& in);
+  // `inputs` with every tensor on options_.device; Internal if a copy fails.
+  absl::StatusOr<StepInputs> OnDevice(const StepInputs& inputs) const;
+  // Both towers over validated inputs already on the device; LibTorch failures throw.
+  absl::StatusOr<BackboneOutput> RunTowers(const StepInputs& in);
   // The cached mask (and attention plan or dense mask) of a tower layout.
   absl::StatusOr<std::shared_ptr<const TowerMask>> Mask(const MaskKey& key);
 

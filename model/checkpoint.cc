@@ -13,95 +13,10 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "model/checksums.h"
+#include "model/param_names.h"
 
 namespace praxis::model {
 namespace {
-
-// Appends the specs of one tower, prefix by prefix, in the reference module's registration order.
-class SpecWriter {
- public:
-  SpecWriter(const BackboneConfig& c, ParamSpecs* out)
-      : c_(c), param_(c.param_dtype()), out_(out) {}
-
-  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
-  void Param(const std::string& name, std::vector<int64_t> shape) {
-    out_->push_back({prefix_ + name, ParamSpec{std::move(shape), param_}});
-  }
-  void Float32(const std::string& name, std::vector<int64_t> shape) {
-    out_->push_back({prefix_ + name, ParamSpec{std::move(shape), torch::kFloat32}});
-  }
-  // nn.Linear(in, out): weight [out, in], then bias [out].
-  void Linear(const std::string& name, int64_t in, int64_t out, bool bias = true) {
-    Param(name + ".weight", {out, in});
-    if (bias) Param(name + ".bias", {out});
-  }
-
-  void Tower(const TowerConfig& t, bool decoder);
-
- private:
-  void Block(const TowerConfig& t, int64_t i, bool decoder);
-  void Ffn(const TowerConfig& t, int64_t i, const std::string& b);
-
-  const BackboneConfig& c_;
-  const torch::ScalarType param_;
-  ParamSpecs* out_;
-  std::string prefix_;
-};
-
-void SpecWriter::Tower(const TowerConfig& t, bool decoder) {
-  const int64_t d = c_.dim;
-  Param("registers", {c_.num_registers, d});
-  Float32("t_embedding.freqs", {c_.timestep_dim});
-  Float32("t_embedding.phases", {c_.timestep_dim});
-  Linear("t_proj.VideoTensor", c_.timestep_dim, 2 * d);
-  Linear("input_projections.VideoTensor.proj", t.video_in_c_in, d);
-  if (decoder) {
-    Param("output_projections.VideoTensor.proj.0.weight", {d});
-    Linear("output_projections.VideoTensor.proj.1", d, t.video_out_c_out);
-  } else {
-    const std::string text = "input_projections.TextEncodingTensor.proj.";
-    Linear(text + "0", t.text_in_c_in, 4 * d);
-    Linear(text + "2", 4 * d, d);
-    Param(text + "3.weight", {d});
-    Linear("output_projections.VideoTensor.proj", d, d);
-  }
-  for (int64_t i = 0; i < t.depth; ++i) Block(t, i, decoder);
-}
-
-void SpecWriter::Block(const TowerConfig& t, int64_t i, bool decoder) {
-  const int64_t d = c_.dim, hd = c_.head_dim();
-  const std::string b = absl::StrCat("blocks.", i, ".");
-  Param(b + "norm1.weight", {d});
-  Param(b + "mha.in_proj.q_weight", {c_.num_heads * hd, d});
-  Param(b + "mha.in_proj.k_weight", {c_.num_kv_heads * hd, d});
-  Param(b + "mha.in_proj.v_weight", {c_.num_kv_heads * hd, d});
-  if (c_.qk_norm) {
-    Param(b + "mha.q_norm.weight", {hd});
-    Param(b + "mha.k_norm.weight", {hd});
-  }
-  Linear(b + "mha.gate", d, c_.num_heads);
-  Linear(b + "mha.out_proj", d, d);
-  Param(b + "norm2.weight", {d});
-  Ffn(t, i, b + "ffn.");
-  if (decoder) Linear(b + "modulation", d, 2 * d);
-}
-
-void SpecWriter::Ffn(const TowerConfig& t, int64_t i, const std::string& f) {
-  const int64_t d = c_.dim;
-  if (!t.is_moe(i)) {
-    Param(f + "0.linear.a_weight", {t.ffn_dim, d});
-    Param(f + "0.linear.b_weight", {t.ffn_dim, d});
-    Param(f + "1.weight", {d, t.ffn_dim});
-    return;
-  }
-  const MoeConfig& m = c_.moe;
-  Float32(f + "expert_bias", {m.num_experts});  // a module's own buffer precedes its children
-  Param(f + "router.weight", {m.num_experts, d});
-  Param(f + "routed.gate_up_weight", {m.num_experts, d, 2 * m.expert_dim});
-  Param(f + "routed.down_weight", {m.num_experts, m.expert_dim, d});
-  Param(f + "shared.gate_up", {d, 2 * m.shared_dim});
-  Param(f + "shared.down", {m.shared_dim, d});
-}
 
 std::string ShapeString(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
@@ -305,17 +220,19 @@ absl::StatusOr<Checkpoint> Load(const std::string& dir, const CheckpointOptions&
 
 ParamSpecs ExpectedParameters(const BackboneConfig& config) {
   ParamSpecs out;
-  SpecWriter w(config, &out);
-  w.set_prefix(absl::StrCat(kBackbonePrefix, "encoder."));
-  w.Tower(config.encoder, /*decoder=*/false);
-  w.set_prefix(absl::StrCat(kBackbonePrefix, "decoder."));
-  w.Tower(config.decoder, /*decoder=*/true);
+  for (NamedParam& p : ListParameters(config)) {
+    out.push_back(
+        {std::move(p.name),
+         ParamSpec{std::move(p.shape), p.float32 ? torch::kFloat32 : config.param_dtype()}});
+  }
   return out;
 }
 
 bool IsFloat32Parameter(const std::string& name) {
-  return absl::EndsWith(name, "t_embedding.freqs") || absl::EndsWith(name, "t_embedding.phases") ||
-         absl::EndsWith(name, "expert_bias");
+  for (const ParamRow& row : ParamTable()) {
+    if (row.float32 && absl::EndsWith(name, row.name)) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir,

@@ -33,12 +33,12 @@ struct ParamSpec {
 // module by module), which is also the order in which LoadCheckpoint reports the first mismatch.
 using ParamSpecs = std::vector<std::pair<std::string, ParamSpec>>;
 
-// Exactly the tensors of docs/model.md's table for `config`: prefixed `backbone.encoder.` /
-// `backbone.decoder.`, qk norm weights only with qk_norm, dtype config.param_dtype() except the
-// always-float32 rows (t_embedding.freqs/phases, expert_bias). `config` must be valid.
+// Exactly the tensors of the parameter table (model/param_names.h, docs/model.md) for `config`:
+// ListParameters with dtype config.param_dtype() except the always-float32 rows
+// (t_embedding.freqs/phases, expert_bias). `config` must be valid.
 ParamSpecs ExpectedParameters(const BackboneConfig& config);
 
-// Whether checkpoint tensor `name` is one of the always-float32 rows.
+// Whether checkpoint tensor `name` ends with one of the parameter table's always-float32 rows.
 bool IsFloat32Parameter(const std::string& name);
 
 struct CheckpointOptions {

@@ -18,18 +18,8 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) 
     SetIntraOpThreadsOfThisThread(intra_op_threads_);
     applied = intra_op_threads_;
   }
-  StepInputs in = batch;
   const torch::Device dev = model_->options().device;
-  try {
-    if (dev.is_cuda()) {
-      for (torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
-        if (t->defined()) *t = t->pin_memory().to(dev, /*non_blocking=*/true);
-      }
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(std::string("staging inputs on ") + dev.str() + ": " + e.what());
-  }
-  absl::StatusOr<BackboneOutput> out = model_->Forward(in);
+  absl::StatusOr<BackboneOutput> out = model_->ForwardValidated(batch);
   if (!out.ok() || !dev.is_cuda()) return out;
   try {
     auto host = [](torch::Tensor& t) {

@@ -22,8 +22,10 @@ class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual const BackboneConfig& config() const = 0;
-  // One step over all rows of `batch`; outputs on the host. InvalidArgument for inputs the model
-  // rejects, Internal for a runtime failure.
+  // One step over all rows of `batch`; outputs on the host. Every step stacked into `batch` must
+  // have passed ValidateStep (the server checks each request before queueing); the LibTorch
+  // runner does not check again. Internal for a runtime failure; an implementation that checks
+  // anyway may return InvalidArgument.
   virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) = 0;
   virtual MaskCacheStats mask_cache_stats() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda:0"
@@ -32,8 +34,8 @@ class StepRunner {
   virtual std::optional<int64_t> device_memory_bytes() const = 0;
 };
 
-// The LibTorch StepRunner over a VideoBackbone: inputs are staged through pinned host memory on
-// CUDA, and outputs come back to the host.
+// The LibTorch StepRunner over a VideoBackbone: Run is VideoBackbone::ForwardValidated (inputs
+// go to the device once, through pinned host memory on CUDA), and outputs come back to the host.
 class BackboneStepRunner : public StepRunner {
  public:
   // `intra_op_threads` > 0: a thread's first Run raises that thread's LibTorch intra-op threads to

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "model/step_validation.h"
 #include "server/batch_runner.h"
 #include "wire/output_names.h"
 #include "wire/synthetic.h"
@@ -163,6 +164,8 @@ v1::ModelInfo PraxisServer::Info() const {
 absl::Status PraxisServer::Warmup(const wire::StepGeometry& layout) {
   model::StepInputs in =
       wire::SyntheticInputs(runner_->config().step_dims(), layout, 1, /*seed=*/0);
+  // The runner takes validated steps only; a layout from a flag may be out of the model's range.
+  PRAXIS_RETURN_IF_ERROR(model::ValidateStep(runner_->config(), in));
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
   // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/checkpoint.h"
+#include "model/step_runner.h"
 #include "wire/safetensors.h"
 
 namespace praxis::model {
@@ -231,6 +232,22 @@ TEST(BackboneTest, InvalidInputsNameTheField) {
   in.anchor = good.anchor.clone();
   in.anchor[0][0][0][0][0] = std::nan("");
   expect_error(in, "anchor");
+}
+
+// The serving path checks each request once (ValidateStep before queueing), and the runner's
+// ForwardValidated does not check the stacked batch again: a NaN that Forward refuses goes
+// through BackboneStepRunner::Run and comes out in the embeddings (which hold the text tokens).
+TEST(BackboneTest, ForwardValidatesButTheRunnerTrustsItsValidatedBatch) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  StepInputs in = RandomStep(1, 2, 1, 3, 3, 4, 1);
+  in.text = in.text.clone();
+  in.text[0][0][0] = std::nan("");
+  EXPECT_EQ(model->Forward(in).status().code(), absl::StatusCode::kInvalidArgument);
+  BackboneStepRunner runner(std::move(model));
+  absl::StatusOr<BackboneOutput> out = runner.Run(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(torch::isnan(out->features.embeddings).any().item<bool>());
 }
 
 }  // namespace
