@@ -96,11 +96,11 @@ absl::StatusOr<StepInputs> VideoBackbone::OnDevice(const StepInputs& inputs) con
   const torch::Device dev = options_.device;
   StepInputs in = inputs;
   try {
-    for (torch::Tensor* t : {&in.text, &in.anchor, &in.clean, &in.noised, &in.timesteps}) {
-      if (!t->defined() || t->device() == dev) continue;
+    for (const wire::InputField& field : wire::kInputFields) {
+      torch::Tensor& t = in.*field.tensor;
+      if (!t.defined() || t.device() == dev) continue;
       // Host to GPU through pinned memory, so the copy is asynchronous on the current stream.
-      *t = dev.is_cuda() && t->is_cpu() ? t->pin_memory().to(dev, /*non_blocking=*/true)
-                                        : t->to(dev);
+      t = dev.is_cuda() && t.is_cpu() ? t.pin_memory().to(dev, /*non_blocking=*/true) : t.to(dev);
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("staging inputs on ", dev.str(), ": ", e.what()));
