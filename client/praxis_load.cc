@@ -254,16 +254,16 @@ absl::Status RunControl(const std::string& command_line) {
       absl::GetFlag(FLAGS_json));
 }
 
-absl::Status Run(const std::string& command_line) {
-  if (ControlModeRequested()) return RunControl(command_line);
-  const int connections = absl::GetFlag(FLAGS_connections);
-  const double rate = absl::GetFlag(FLAGS_rate);
+// The load-test flags' ranges; InvalidArgument naming the flag.
+absl::Status CheckLoadFlags() {
   const std::string arrival = absl::GetFlag(FLAGS_arrival);
-  if (connections < 1) return absl::InvalidArgumentError("--connections: expected >= 1");
+  if (absl::GetFlag(FLAGS_connections) < 1) {
+    return absl::InvalidArgumentError("--connections: expected >= 1");
+  }
   if (absl::GetFlag(FLAGS_concurrency) < 1) {
     return absl::InvalidArgumentError("--concurrency: expected >= 1");
   }
-  if (rate < 0) return absl::InvalidArgumentError("--rate: expected >= 0");
+  if (absl::GetFlag(FLAGS_rate) < 0) return absl::InvalidArgumentError("--rate: expected >= 0");
   if (arrival != "poisson" && arrival != "constant") {
     return absl::InvalidArgumentError("--arrival: expected poisson or constant");
   }
@@ -273,6 +273,27 @@ absl::Status Run(const std::string& command_line) {
   if (absl::GetFlag(FLAGS_duration) <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--duration: expected > 0 (it bounds every run)");
   }
+  return absl::OkStatus();
+}
+
+// Writes the report's text to stdout, and its JSON and CSV where --json and --csv say.
+absl::Status WriteReport(const LoadReport& report) {
+  std::cout << report.Text();
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_json), report.Json()));
+  }
+  if (!absl::GetFlag(FLAGS_csv).empty()) {
+    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_csv), report.Csv()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::string& command_line) {
+  if (ControlModeRequested()) return RunControl(command_line);
+  PRAXIS_RETURN_IF_ERROR(CheckLoadFlags());
+  const int connections = absl::GetFlag(FLAGS_connections);
+  const double rate = absl::GetFlag(FLAGS_rate);
+  const std::string arrival = absl::GetFlag(FLAGS_arrival);
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < connections; ++i) {
     ClientOptions o = ClientOptionsFromFlags();
@@ -305,15 +326,7 @@ absl::Status Run(const std::string& command_line) {
   const absl::Time end = absl::Now();
   done = true;
   progress.join();
-  const LoadReport report = run.recorder().Report(end);
-  std::cout << report.Text();
-  if (!absl::GetFlag(FLAGS_json).empty()) {
-    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_json), report.Json()));
-  }
-  if (!absl::GetFlag(FLAGS_csv).empty()) {
-    PRAXIS_RETURN_IF_ERROR(WriteStringToFile(absl::GetFlag(FLAGS_csv), report.Csv()));
-  }
-  return absl::OkStatus();
+  return WriteReport(run.recorder().Report(end));
 }
 
 }  // namespace

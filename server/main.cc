@@ -175,60 +175,47 @@ absl::Status WritePortFile(const std::string& path, int port, int metrics_port) 
   return absl::OkStatus();
 }
 
-absl::Status Run() {
-  const sigset_t stop_signals = BlockStopSignals();
-  // LibTorch's default count (the cores), taken before every thread is set to one: only the
-  // batcher's worker runs the model with more (model/cpu_runtime.h).
-  const int threads =
-      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
-  model::DefaultToOneIntraOpThread();
-  model::KeepFreedMemoryForReuse();
-  PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry warmup,
-                          wire::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
-  model::BackboneOptions backbone;
-  PRAXIS_ASSIGN_OR_RETURN(backbone.device,
+// The model of --checkpoint / --config on --device, with the backbone options it was loaded with;
+// on CPU, says what the CPU implies for its dtype (a WARNING when bf16/fp16 would be emulated).
+absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbone) {
+  PRAXIS_ASSIGN_OR_RETURN(backbone->device,
                           model::ParseDevice(absl::GetFlag(FLAGS_device), "--device"));
-  PRAXIS_ASSIGN_OR_RETURN(backbone.attention,
+  PRAXIS_ASSIGN_OR_RETURN(backbone->attention,
                           model::ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
-  backbone.mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
-  backbone.mask_cache_bytes = absl::GetFlag(FLAGS_mask_cache_bytes);
+  backbone->mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
+  backbone->mask_cache_bytes = absl::GetFlag(FLAGS_mask_cache_bytes);
   const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                                   .config_path = absl::GetFlag(FLAGS_config),
                                   .seed = absl::GetFlag(FLAGS_seed),
                                   .dtype = absl::GetFlag(FLAGS_dtype),
                                   .load = absl::GetFlag(FLAGS_load)};
-  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, backbone));
-  const model::BackboneConfig& c = loaded.model->config();
-  if (!backbone.device.is_cuda()) {
+  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, *backbone));
+  if (!backbone->device.is_cuda()) {
     bool slow = false;
     const std::string cpu =
         model::DescribeCpuForDtype(model::DetectCpuIsa(), loaded.model->dtype(), &slow);
     (slow ? std::cerr : std::cout)
         << "praxis-server: " << (slow ? "WARNING: " : "") << cpu << std::endl;
   }
-  ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
-  auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model), threads);
-  options.model = {
-      loaded.name, runner->device(), runner->dtype(),
-      absl::StrCat("dim ", c.dim, ", encoder ", c.encoder.depth, ", decoder ", c.decoder.depth)};
-  options.config_json = loaded.config_json;
-  PRAXIS_ASSIGN_OR_RETURN(auto server, PraxisServer::Create(options, std::move(runner)));
-  PRAXIS_RETURN_IF_ERROR(server->Warmup(warmup));
+  return loaded;
+}
+
+// The human start-up line: where it serves, what, and its limits.
+void PrintServing(const PraxisServer& server, const ServerOptions& options) {
   const StepLimits& l = options.service.limits;
-  std::cout << "praxis-server: serving on " << absl::GetFlag(FLAGS_host) << ":" << server->port()
-            << " metrics "
-            << (server->metrics_port() ? absl::StrCat(server->metrics_port()) : "off") << " model "
-            << options.model.model << " device " << options.model.device << " dtype "
+  std::cout << "praxis-server: serving on " << absl::GetFlag(FLAGS_host) << ":" << server.port()
+            << " metrics " << (server.metrics_port() ? absl::StrCat(server.metrics_port()) : "off")
+            << " model " << options.model.model << " device " << options.model.device << " dtype "
             << options.model.dtype << " limits batch " << options.batch.max_batch_rows << " delay "
             << absl::FormatDuration(options.batch.max_queue_delay) << " queue "
             << options.batch.max_queue_requests << " rows " << l.max_rows << " text "
             << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
             << " tokens " << l.max_tokens << " cost " << l.max_request_gflop << " GFLOP message "
             << options.max_message_bytes << " response " << l.max_response_bytes << std::endl;
-  // After the human line, so that whoever sees the file finds the line already printed.
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
-    PRAXIS_RETURN_IF_ERROR(WritePortFile(port_file, server->port(), server->metrics_port()));
-  }
+}
+
+// Waits for SIGTERM or SIGINT, drains within --drain_seconds and exits 0 without tearing down.
+[[noreturn]] void DrainOnSignal(PraxisServer& server, const sigset_t& stop_signals) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));
@@ -242,9 +229,9 @@ absl::Status Run() {
     std::_Exit(0);
   });
   backstop.detach();
-  const bool clean = server->Drain(grace);
-  const batching::BatcherStats s = server->batcher_stats();
-  const ServiceCounts n = server->service_counts();
+  const bool clean = server.Drain(grace);
+  const batching::BatcherStats s = server.batcher_stats();
+  const ServiceCounts n = server.service_counts();
   std::cout << "praxis-server: stopped after " << s.batches << " batches: " << n.accepted
             << " steps accepted, " << n.answered_ok << " answered OK, " << n.write_timeouts
             << " cancelled for stalled readers" << std::endl;
@@ -253,6 +240,35 @@ absl::Status Run() {
   // Nothing is left to answer: skip tearing down a model a wedged batch may still use, and the
   // metrics exposer (about 2 s), so that the exit stays within the grace.
   std::_Exit(0);
+}
+
+absl::Status Run() {
+  const sigset_t stop_signals = BlockStopSignals();
+  // LibTorch's default count (the cores), taken before every thread is set to one: only the
+  // batcher's worker runs the model with more (model/cpu_runtime.h).
+  const int threads =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
+  model::DefaultToOneIntraOpThread();
+  model::KeepFreedMemoryForReuse();
+  PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry warmup,
+                          wire::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
+  model::BackboneOptions backbone;
+  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone));
+  const model::BackboneConfig& c = loaded.model->config();
+  ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
+  auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model), threads);
+  options.model = {
+      loaded.name, runner->device(), runner->dtype(),
+      absl::StrCat("dim ", c.dim, ", encoder ", c.encoder.depth, ", decoder ", c.decoder.depth)};
+  options.config_json = loaded.config_json;
+  PRAXIS_ASSIGN_OR_RETURN(auto server, PraxisServer::Create(options, std::move(runner)));
+  PRAXIS_RETURN_IF_ERROR(server->Warmup(warmup));
+  PrintServing(*server, options);
+  // After the human line, so that whoever sees the file finds the line already printed.
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    PRAXIS_RETURN_IF_ERROR(WritePortFile(port_file, server->port(), server->metrics_port()));
+  }
+  DrainOnSignal(*server, stop_signals);
 }
 
 }  // namespace
