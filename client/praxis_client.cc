@@ -101,8 +101,10 @@ absl::StatusOr<StepReply> Client::Step(const v1::StepRequest& request,
   absl::Duration backoff = options_.initial_backoff;
   for (int attempt = 1;; ++attempt) {
     absl::StatusOr<StepReply> r = StepOnce(request, timeout);
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
-        attempt >= options_.max_attempts) {
+    // StepOnce's own cancels (a protocol error) return DataLoss, so a CANCELLED is the far side's.
+    const bool retried = !r.ok() && (r.status().code() == absl::StatusCode::kUnavailable ||
+                                     r.status().code() == absl::StatusCode::kCancelled);
+    if (!retried || attempt >= options_.max_attempts) {
       return r;
     }
     const double jitter = std::uniform_real_distribution<double>(0.5, 1.0)(rng);

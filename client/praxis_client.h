@@ -23,7 +23,7 @@ struct ClientOptions {
   std::string tls_server_name;  // overrides the name checked against the server's certificate
   std::string token;       // bearer token sent as `authorization: Bearer <token>` on every call
   std::string token_file;  // or a file whose first non-blank line is the token
-  int max_attempts = 3;    // per call, counting the first; only UNAVAILABLE is retried
+  int max_attempts = 3;    // per call, counting the first; UNAVAILABLE and CANCELLED are retried
   absl::Duration initial_backoff = absl::Milliseconds(100);  // doubled per retry, with jitter
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_receive_bytes = int64_t{64} << 20;  // per message (chunks are ≤ 1 MiB by default)
@@ -37,8 +37,9 @@ class Session;
 
 // A connection to praxis-server: typed calls over the generated stubs. Step is unary-style over
 // the streaming Step call (the chunks are reassembled and checked); a UNAVAILABLE answer (server
-// warming up, draining, or unreachable) is retried with backoff, since it means the step was not
-// computed. Thread-safe: one Client serves many threads.
+// warming up, draining, or unreachable), or a CANCELLED from the far side (gRPC cancels the calls
+// that reach a server, through a proxy, in the instant it shuts down), is retried with backoff: a
+// step is a pure function of its request. Thread-safe: one Client serves many threads.
 class Client {
  public:
   // NotFound for unreadable TLS or token files, InvalidArgument for an empty token file or a

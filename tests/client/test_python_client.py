@@ -20,7 +20,7 @@ os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
-from server_process import tiny_inputs  # noqa: E402
+from server_process import loopback_server, tiny_inputs  # noqa: E402
 from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noqa: E402
                            StepFailed, assemble, pb)
 
@@ -67,6 +67,30 @@ def test_unavailable_is_retried_then_raised():
         with pytest.raises(RpcFailed) as e:
             c.info()
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+class Canceller(grpc.GenericRpcHandler):
+    """Every call is cancelled by the server, as gRPC cancels the calls that reach a server (through
+    a proxy) in the instant it shuts down; counts them."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def service(self, details):
+        def cancel(request, context):
+            self.calls += 1
+            context.abort(grpc.StatusCode.CANCELLED, "server shutting down")
+
+        return grpc.unary_stream_rpc_method_handler(cancel)
+
+
+def test_a_far_side_cancel_is_retried_then_raised():
+    with loopback_server(Canceller(), workers=2) as server, \
+            Client(server.address, timeout=5, max_attempts=3) as c:
+        with pytest.raises(RpcFailed) as e:
+            c.step(**tiny_inputs())
+    assert e.value.code == grpc.StatusCode.CANCELLED
+    assert server.calls == 3, "a step is sent again after a CANCELLED it did not ask for"
 
 
 def test_step_shapes_and_header(client):

@@ -136,7 +136,7 @@ def table(fleet, rows, title, notes=None):
 class Load:
     """LOAD_THREADS closed loops through the fleet's client, each cycling over `layouts` from its
     own offset. Records each step's end; a step that fails (after the client's own retries of
-    UNAVAILABLE) is a lost call."""
+    UNAVAILABLE and of a far-side CANCELLED) is a lost call."""
 
     def __init__(self, fleet, layouts):
         self.fleet, self.layouts = fleet, layouts

@@ -15,6 +15,8 @@ from praxis_client.response import StepAssembler, StepResult, assemble
 
 _INITIAL_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 2.0
+# What a call may be answered with and still be sent again (see Client).
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 class Client:
@@ -28,7 +30,10 @@ class Client:
     `token_file`, whose first line that is neither blank nor a # comment is the token) is sent as
     `authorization: Bearer <token>` on every call, for servers started with --auth_token_file.
     A call answered UNAVAILABLE (the server is warming up, draining or unreachable: the step was
-    not computed) is retried with exponential backoff and jitter, `max_attempts` times in all.
+    not computed), or CANCELLED from the far side (this client cancels none it retries; gRPC
+    cancels the calls that reach a server, through a proxy, in the instant it shuts down), is
+    retried with exponential backoff and jitter, `max_attempts` times in all: a step is a pure
+    function of its request, so sending it again is safe.
     ValueError naming the argument for unusable arguments. Thread-safe; close() it, or use it as
     a context manager.
     """
@@ -115,14 +120,14 @@ class Client:
             raise
 
     def _retrying(self, attempt, timeout: Optional[float]):
-        """attempt(timeout), retried on UNAVAILABLE; grpc.RpcError becomes RpcFailed."""
+        """attempt(timeout), retried on _RETRIED codes; grpc.RpcError becomes RpcFailed."""
         timeout = self.timeout if timeout is None else timeout
         backoff = _INITIAL_BACKOFF_S
         for n in range(1, self.max_attempts + 1):
             try:
                 return attempt(timeout)
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or n >= self.max_attempts:
+                if e.code() not in _RETRIED or n >= self.max_attempts:
                     raise rpc_failed(e) from None
             time.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
