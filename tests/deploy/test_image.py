@@ -29,6 +29,16 @@ def podman(*args, check=True, timeout=600):
     return r
 
 
+def remove_interrupted_builds():
+    """An interrupted podman build (a killed or timed-out run) leaves its working containers
+    behind, listed only with --external and in status Storage; they pin the dangling images that
+    the prune gives back, and the prune then fails. Called once this run's own build is done."""
+    listed = podman("ps", "--all", "--external", "--format", "{{.ID}} {{.Status}}").stdout
+    stale = [f[0] for f in map(str.split, listed.splitlines()) if f[1:] == ["Storage"]]
+    if stale:
+        podman("rm", "--force", *stale)
+
+
 @pytest.fixture(scope="module")
 def image():
     """The Dockerfile built with the offline base for both stages. The base stands in for the
@@ -58,6 +68,7 @@ def image():
     if r.returncode != 0:
         with open(LOG) as log:
             raise AssertionError(f"podman build failed ({r.returncode}):\n{log.read()[-6000:]}")
+    remove_interrupted_builds()
     podman("image", "prune", "--force")
     return IMAGE
 
