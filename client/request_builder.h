@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "praxis/v1/praxis.pb.h"
+#include "wire/output_names.h"
 #include "wire/step_inputs.h"
 
 namespace praxis::client {
@@ -15,7 +16,7 @@ namespace praxis::client {
 // What a request asks for and how its tensors travel.
 struct RequestOptions {
   // velocity, cond, taps (all), tap.N, embeddings, positions.
-  std::vector<std::string> outputs = {"velocity"};
+  std::vector<std::string> outputs = {wire::kVelocity};
   v1::DType wire_dtype = v1::FLOAT32;   // of the float outputs
   v1::DType input_dtype = v1::FLOAT32;  // of the float inputs on the wire
   std::string request_id;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace praxis::wire {
 
@@ -17,7 +18,10 @@ inline constexpr char kPositions[] = "positions";
 // Asks for every tap in an output list; each tap then streams as TapName(i).
 inline constexpr char kAllTaps[] = "taps";
 
+// What every tap's name starts with; the tap's index follows.
+inline constexpr absl::string_view kTapPrefix = "tap.";
+
 // The streamed name of the i-th encoder tap.
-inline std::string TapName(int i) { return absl::StrCat("tap.", i); }
+inline std::string TapName(int i) { return absl::StrCat(kTapPrefix, i); }
 
 }  // namespace praxis::wire

@@ -28,7 +28,8 @@ absl::StatusOr<v1::OutputSelection> ParseOutputs(const std::vector<std::string>&
       o.set_cond(true);
     } else if (n == kAllTaps) {
       o.set_all_taps(true);
-    } else if (absl::StartsWith(n, "tap.") && absl::SimpleAtoi(n.substr(4), &tap)) {
+    } else if (absl::StartsWith(n, kTapPrefix) &&
+               absl::SimpleAtoi(absl::string_view(n).substr(kTapPrefix.size()), &tap)) {
       o.add_taps(tap);
     } else if (n == kEmbeddings) {
       o.set_embeddings(true);
