@@ -5,7 +5,9 @@
 //  - useful TFLOP/s (model::ComputeStepCost, as bench/model_bench.cc counts them) against the same
 //    device's bf16 GEMM TFLOP/s measured in this run;
 //  - device memory: the CUDA caching allocator's current and peak bytes, or the RSS on cpu.
-// CUDA graphs are not built yet: the JSON says so. Random weights (model_loader's config path).
+//  - on CUDA, the same step from host inputs eager and replayed from its CUDA graph (capture time,
+//    p50s, their ratio, the graph's bytes).
+// Random weights (model_loader's config path).
 // Run: build/bench/gpu_bench --device=cuda --config=configs/praxis-1-reduced.json
 
 #include <ATen/cuda/CUDAContext.h>
@@ -16,6 +18,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -30,6 +33,7 @@
 #include "common/status_macros.h"
 #include "model/model_loader.h"
 #include "model/step_cost.h"
+#include "model/step_graphs.h"
 #include "nlohmann/json.hpp"
 #include "wire/layout_key.h"
 #include "wire/synthetic.h"
@@ -96,39 +100,71 @@ Json Memory(const torch::Device& d) {
   return j;
 }
 
-// Cold (first, builds the masks) and timed steps of `model` on `layout`, with their useful rate.
-Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, double gemm) {
-  const torch::Device d = model.options().device;
-  StepInputs in = wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout), 1,
-                                        /*seed=*/0);
-  for (const wire::InputField& field : wire::kInputFields) {
-    torch::Tensor& t = in.*field.tensor;
-    if (t.defined()) t = t.to(d);
-  }
-  Sync(d);
-  absl::Time t0 = absl::Now();
-  absl::StatusOr<BackboneOutput> out = model.Forward(in);
-  Sync(d);
-  if (!out.ok()) return {{"error", out.status().ToString()}};
-  const double cold_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+// `repeats` timed calls of `step` (each synchronised), in ms; an error stops the timing.
+absl::StatusOr<std::vector<double>> Timed(const torch::Device& d, int repeats,
+                                          const std::function<absl::Status()>& step) {
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) {
-    t0 = absl::Now();
-    out = model.Forward(in);
+    const absl::Time t0 = absl::Now();
+    PRAXIS_RETURN_IF_ERROR(step());
     Sync(d);
-    if (!out.ok()) return {{"error", out.status().ToString()}};
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
   }
+  return ms;
+}
+
+// The same step from host inputs, eager and through its captured CUDA graph (model/step_graphs.h):
+// what a served batch costs either way (staging included).
+Json TimeGraphs(VideoBackbone& model, const StepInputs& host_in, int repeats) {
+  const torch::Device d = model.options().device;
+  StepGraphs graphs(model, int64_t{64} << 30);
+  absl::Time t0 = absl::Now();
+  const absl::Status captured = graphs.Capture(host_in);
+  Sync(d);
+  if (!captured.ok()) return {{"error", captured.ToString()}};
+  const double capture_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  const auto eager = Timed(d, repeats, [&] { return model.ForwardValidated(host_in).status(); });
+  const auto graph = Timed(d, repeats, [&] { return graphs.Run(host_in).status(); });
+  if (!eager.ok() || !graph.ok()) {
+    return {{"error", (eager.ok() ? graph.status() : eager.status()).ToString()}};
+  }
+  const double e = Percentile(*eager, 0.5), g = Percentile(*graph, 0.5);
+  return {{"capture_ms", capture_ms},
+          {"eager_host_inputs_p50_ms", e},
+          {"graph_p50_ms", g},
+          {"graph_p90_ms", Percentile(*graph, 0.9)},
+          {"eager_over_graph", e / g},
+          {"graph_bytes", graphs.stats().cache.bytes}};
+}
+
+// Cold (first, builds the masks) and timed steps of `model` on `layout`, with their useful rate;
+// on CUDA also the graph's.
+Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, double gemm) {
+  const torch::Device d = model.options().device;
+  const StepInputs host_in = wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout),
+                                                   1, /*seed=*/0);
+  absl::StatusOr<StepInputs> in = model.OnDevice(host_in);
+  if (!in.ok()) return {{"error", in.status().ToString()}};
+  Sync(d);
+  const absl::Time t0 = absl::Now();
+  absl::Status cold = model.Forward(*in).status();
+  Sync(d);
+  if (!cold.ok()) return {{"error", cold.ToString()}};
+  const double cold_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  const auto ms = Timed(d, repeats, [&] { return model.Forward(*in).status(); });
+  if (!ms.ok()) return {{"error", ms.status().ToString()}};
   WindowLayout counted = layout;
   counted.registers = model.config().num_registers;
   const double flops = ComputeStepCost(model.config(), counted, /*decode=*/true, 1).flops;
-  const double p50 = Percentile(ms, 0.5), tflops = flops / (p50 / 1e3) / 1e12;
-  return {{"cold_ms", cold_ms},
-          {"p50_ms", p50},
-          {"p90_ms", Percentile(ms, 0.9)},
-          {"useful_tflop", flops / 1e12},
-          {"useful_tflops", tflops},
-          {"fraction_of_gemm", tflops / gemm}};
+  const double p50 = Percentile(*ms, 0.5), tflops = flops / (p50 / 1e3) / 1e12;
+  Json j = {{"cold_ms", cold_ms},
+            {"p50_ms", p50},
+            {"p90_ms", Percentile(*ms, 0.9)},
+            {"useful_tflop", flops / 1e12},
+            {"useful_tflops", tflops},
+            {"fraction_of_gemm", tflops / gemm}};
+  if (d.is_cuda()) j["cuda_graph"] = TimeGraphs(model, host_in, repeats);
+  return j;
 }
 
 // Loads the model with `mode` attention and times every --layouts entry on it.
@@ -169,7 +205,6 @@ absl::StatusOr<Json> Run() {
       {"device_name", device.is_cuda() ? at::cuda::getCurrentDeviceProperties()->name : "cpu"},
       {"torch", TORCH_VERSION},
       {"config", absl::GetFlag(FLAGS_config)},
-      {"cuda_graphs", "not built"},
       {"gemm_bf16", {{"n", n}, {"tflops", gemm}}}};
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_attention), ',');
   for (const std::string& mode : modes) {

@@ -83,10 +83,10 @@ absl::StatusOr<BackboneOutput> VideoBackbone::Forward(const StepInputs& inputs) 
 }
 
 absl::StatusOr<BackboneOutput> VideoBackbone::ForwardValidated(const StepInputs& inputs) {
+  PRAXIS_ASSIGN_OR_RETURN(const LayoutPlan plan, PlanLayout(inputs));
   PRAXIS_ASSIGN_OR_RETURN(const StepInputs in, OnDevice(inputs));
   try {
-    torch::NoGradGuard no_grad;
-    return RunTowers(in);
+    return RunPlanned(in, plan);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("forward failed: ", e.what()));
   }
@@ -123,40 +123,55 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> VideoBackbone::Mask(const MaskK
   });
 }
 
-absl::StatusOr<BackboneOutput> VideoBackbone::RunTowers(const StepInputs& in) {
+absl::StatusOr<LayoutPlan> VideoBackbone::PlanLayout(const StepInputs& in) {
   const BackboneConfig& c = config_;
   const torch::Device dev = options_.device;
+  LayoutPlan plan;
+  plan.layout = WindowOf(wire::GeometryOf(in), c.num_registers);
+  PRAXIS_ASSIGN_OR_RETURN(plan.enc_mask, Mask(EncoderMaskKey(plan.layout, c.flex_block_size)));
+  if (in.decode) {
+    PRAXIS_ASSIGN_OR_RETURN(plan.dec_mask,
+                            Mask(DecoderMaskKey(plan.layout, c.ph(), c.pw(), c.flex_block_size)));
+  }
+  try {
+    plan.positions = EncoderPositions(c, in);
+    plan.enc_rope = MakeRopeTables(plan.positions, c.head_dim(), c.rope_theta, dev);
+    if (in.decode) {
+      plan.dec_rope = MakeRopeTables(DecoderPositions(c, in), c.head_dim(), c.rope_theta, dev);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("planning the layout failed: ", e.what()));
+  }
+  return plan;
+}
+
+BackboneOutput VideoBackbone::RunPlanned(const StepInputs& in, const LayoutPlan& plan) const {
+  torch::NoGradGuard no_grad;
+  const BackboneConfig& c = config_;
   const int64_t f = in.frames_per_chunk;
-  const WindowLayout layout{.registers = c.num_registers,
-                            .anchor_h = in.anchor.size(3),
-                            .anchor_w = in.anchor.size(4),
-                            .text_len = in.text.size(1),
-                            .k = in.noised.size(2) / f,
-                            .f = f,
-                            .h = in.noised.size(3),
-                            .w = in.noised.size(4)};
-  PRAXIS_ASSIGN_OR_RETURN(auto enc_mask, Mask(EncoderMaskKey(layout, c.flex_block_size)));
-  const torch::Tensor positions = EncoderPositions(c, in);
-  const TowerContext enc{c, *enc_mask, MakeRopeTables(positions, c.head_dim(), c.rope_theta, dev),
-                         options_.attention};
+  const TowerContext enc{c, *plan.enc_mask, plan.enc_rope, options_.attention};
   EncoderResult er =
       RunEncoder(w_->enc, enc, in.text, in.anchor, in.clean, in.noised, in.timesteps, f);
   BackboneOutput out;
-  if (in.decode) {
-    PRAXIS_ASSIGN_OR_RETURN(auto dec_mask,
-                            Mask(DecoderMaskKey(layout, c.ph(), c.pw(), c.flex_block_size)));
-    const TowerContext dec{c, *dec_mask,
-                           MakeRopeTables(DecoderPositions(c, in), c.head_dim(), c.rope_theta, dev),
-                           options_.attention};
+  if (plan.dec_mask != nullptr) {
+    const TowerContext dec{c, *plan.dec_mask, plan.dec_rope, options_.attention};
     out.velocity = RunDecoder(w_->dec, dec, in.noised, er.cond, in.timesteps, f);
   }
   out.cond = er.cond;
   out.features.taps = std::move(er.taps);
   out.features.embeddings = er.embeddings;
   out.features.positions =
-      positions.to(dev).unsqueeze(0).expand({in.noised.size(0), -1}).contiguous();
-  SetSpans(layout, out.features);
+      plan.positions.unsqueeze(0).expand({in.noised.size(0), -1}).contiguous();
+  SetSpans(plan.layout, out.features);
   return out;
+}
+
+int64_t LayoutPlan::nbytes() const {
+  int64_t n = positions.defined() ? positions.nbytes() : 0;
+  for (const RopeTables* r : {&enc_rope, &dec_rope}) {
+    if (r->cos.defined()) n += r->cos.nbytes() + r->sin.nbytes();
+  }
+  return n;
 }
 
 }  // namespace praxis::model

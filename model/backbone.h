@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "model/attention.h"
 #include "model/config.h"
+#include "model/layers.h"
 #include "model/mask_cache.h"
 #include "model/step.h"
 #include "model/step_validation.h"  // ValidateStep, Forward's check
@@ -31,6 +32,21 @@ struct BackboneOptions {
   AttentionMode attention = AttentionMode::kSparse;
   int64_t mask_cache_entries = 64;
   int64_t mask_cache_bytes = int64_t{256} << 20;
+};
+
+// What a step needs besides its tensors, a function of its layout key alone and decided on the
+// host before any device work — so that the device run reads nothing back and can be captured in
+// a CUDA graph: the towers' cached masks and attention plans, their rotary tables (on the model's
+// device) and the encoder positions (on the host). Read-only once built.
+struct LayoutPlan {
+  WindowLayout layout;
+  std::shared_ptr<const TowerMask> enc_mask;
+  std::shared_ptr<const TowerMask> dec_mask;  // null when the step does not decode
+  RopeTables enc_rope;
+  RopeTables dec_rope;      // undefined tensors when the step does not decode
+  torch::Tensor positions;  // int64 [T_enc], host
+
+  int64_t nbytes() const;  // the rotary tables and positions (the masks are charged to MaskCache)
 };
 
 // The model the server holds. Weights are plain tensors on the device; masks and attention plans
@@ -58,6 +74,19 @@ class VideoBackbone {
   // for a LibTorch failure. No gradients are recorded.
   absl::StatusOr<BackboneOutput> ForwardValidated(const StepInputs& inputs);
 
+  // ForwardValidated in its three parts, for runners that stage, capture or replay them apart
+  // (model/step_graphs.h). Each is thread-safe like ForwardValidated.
+  // `inputs` with every tensor on options().device (through pinned memory from the host on CUDA);
+  // Internal if a copy fails.
+  absl::StatusOr<StepInputs> OnDevice(const StepInputs& inputs) const;
+  // The plan of a validated step's layout (only shapes, decode and rope shifts are read); builds
+  // or finds both towers' masks. Internal for a LibTorch failure, or a mask build's error.
+  absl::StatusOr<LayoutPlan> PlanLayout(const StepInputs& inputs);
+  // Both towers over `in` (validated, on the device, of `plan`'s layout): device work only, so on
+  // CUDA it queues kernels and returns without waiting for them. Positions come from the plan, on
+  // the host. Throws on a LibTorch failure; the caller turns that into a status.
+  BackboneOutput RunPlanned(const StepInputs& in, const LayoutPlan& plan) const;
+
   const BackboneConfig& config() const { return config_; }
   const BackboneOptions& options() const { return options_; }
   MaskCache& mask_cache() { return mask_cache_; }
@@ -67,10 +96,6 @@ class VideoBackbone {
 
  private:
   VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w);
-  // `inputs` with every tensor on options_.device; Internal if a copy fails.
-  absl::StatusOr<StepInputs> OnDevice(const StepInputs& inputs) const;
-  // Both towers over validated inputs already on the device; LibTorch failures throw.
-  absl::StatusOr<BackboneOutput> RunTowers(const StepInputs& in);
   // The cached mask (and attention plan or dense mask) of a tower layout.
   absl::StatusOr<std::shared_ptr<const TowerMask>> Mask(const MaskKey& key);
 

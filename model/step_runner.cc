@@ -9,8 +9,12 @@
 
 namespace praxis::model {
 
-BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model, int intra_op_threads)
-    : model_(std::move(model)), intra_op_threads_(intra_op_threads) {}
+BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model, RunnerOptions options)
+    : model_(std::move(model)), intra_op_threads_(options.intra_op_threads) {
+  if (model_->options().device.is_cuda() && options.cuda_graph_bytes > 0) {
+    graphs_ = std::make_unique<StepGraphs>(*model_, options.cuda_graph_bytes);
+  }
+}
 
 absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) {
   thread_local int applied = 0;
@@ -19,7 +23,8 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) 
     applied = intra_op_threads_;
   }
   const torch::Device dev = model_->options().device;
-  absl::StatusOr<BackboneOutput> out = model_->ForwardValidated(batch);
+  absl::StatusOr<BackboneOutput> out =
+      graphs_ != nullptr ? graphs_->Run(batch) : model_->ForwardValidated(batch);
   if (!out.ok() || !dev.is_cuda()) return out;
   try {
     auto host = [](torch::Tensor& t) {
@@ -34,6 +39,11 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) 
     return absl::InternalError(std::string("copying outputs to the host: ") + e.what());
   }
   return out;
+}
+
+std::optional<GraphStats> BackboneStepRunner::graph_stats() const {
+  if (graphs_ == nullptr) return std::nullopt;
+  return graphs_->stats();
 }
 
 std::string BackboneStepRunner::device() const { return model_->options().device.str(); }

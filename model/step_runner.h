@@ -12,6 +12,7 @@
 #include "model/backbone.h"
 #include "model/config.h"
 #include "model/mask_cache.h"
+#include "model/step_graphs.h"
 
 namespace praxis::model {
 
@@ -32,15 +33,26 @@ class StepRunner {
   virtual std::string dtype() const = 0;   // "float32", "bfloat16", "float16"
   // Bytes the device allocator holds now; nullopt where the device keeps no such count (CPU).
   virtual std::optional<int64_t> device_memory_bytes() const = 0;
+  // The CUDA-graph cache's counters; nullopt where steps run eagerly (CPU, --cuda_graphs=false).
+  virtual std::optional<GraphStats> graph_stats() const { return std::nullopt; }
+};
+
+// How BackboneStepRunner runs its model.
+struct RunnerOptions {
+  // > 0: a thread's first Run raises that thread's LibTorch intra-op threads to it
+  // (model/cpu_runtime.h); 0 leaves every thread's count as it is.
+  int intra_op_threads = 0;
+  // On CUDA, replay a captured graph per (layout key, rows) (model/step_graphs.h), keeping at
+  // most this many device bytes of them; 0 runs every step eagerly. Ignored on the CPU.
+  int64_t cuda_graph_bytes = int64_t{8} << 30;
 };
 
 // The LibTorch StepRunner over a VideoBackbone: Run is VideoBackbone::ForwardValidated (inputs
-// go to the device once, through pinned host memory on CUDA), and outputs come back to the host.
+// go to the device once, through pinned host memory on CUDA) or, on CUDA, the replay of the
+// layout's captured graph; outputs come back to the host.
 class BackboneStepRunner : public StepRunner {
  public:
-  // `intra_op_threads` > 0: a thread's first Run raises that thread's LibTorch intra-op threads to
-  // it (model/cpu_runtime.h); 0 leaves every thread's count as it is.
-  explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, int intra_op_threads = 0);
+  explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, RunnerOptions options = {});
 
   const BackboneConfig& config() const override { return model_->config(); }
   absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) override;
@@ -48,10 +60,12 @@ class BackboneStepRunner : public StepRunner {
   std::string device() const override;
   std::string dtype() const override;
   std::optional<int64_t> device_memory_bytes() const override;
+  std::optional<GraphStats> graph_stats() const override;
 
  private:
   std::unique_ptr<VideoBackbone> model_;
   const int intra_op_threads_;
+  std::unique_ptr<StepGraphs> graphs_;  // null: eager
 };
 
 }  // namespace praxis::model

@@ -2,7 +2,8 @@
 # The device check of issue 14, one command for a lent GPU machine (bare and offline: torch under
 # its python3, no Abseil, gRPC, ...): the GPU tests, the GPU benchmark on configs/bench.json and
 # configs/praxis-1-reduced.json, and praxis-server on cuda with the reduced Praxis-1 config driven
-# by praxis-load at 1 and 8 callers (30 s each). Writes into OUTDIR three files: summary.json (also
+# by praxis-load at 1 and 8 callers (30 s each; graphs of 1 and 8 rows captured at warm-up, its
+# graph metrics scraped after). Writes into OUTDIR three files: summary.json (also
 # printed), gpu_test.xml and logs.txt. At most about 7.5 minutes: every stage has its own timeout.
 #   scripts/gpu-check.sh OUTDIR          on the device (binaries from gpu-pack/, see gpu-pack.sh)
 #   scripts/gpu-check.sh OUTDIR --cpu    the same stages on this CPU machine, device cpu, the tiny
@@ -60,12 +61,12 @@ stage() {
 }
 
 if [[ $MODE == cuda ]]; then
-  DEVICE=cuda DUR=30s WARM=3s REPEATS=10 LAYOUTS=bench,small MIX=256,30,40,4,2
-  BENCHES=("bench configs/bench.json 30" "praxis-1-reduced configs/praxis-1-reduced.json 75")
+  DEVICE=cuda DUR=30s WARM=3s REPEATS=10 LAYOUTS=bench,small MIX=256,30,40,4,2 WARM_ROWS=1,8
+  BENCHES=("bench configs/bench.json 30" "praxis-1-reduced configs/praxis-1-reduced.json 70")
   SERVED_CONFIG=configs/praxis-1-reduced.json
-  LIMITS=(75 75 40)  # seconds: gpu_test, the server's start, each praxis-load run
+  LIMITS=(90 75 40)  # seconds: gpu_test, the server's start, each praxis-load run
 else
-  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small MIX=16,4,4,2,1
+  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small MIX=16,4,4,2,1 WARM_ROWS=1
   BENCHES=("tiny configs/tiny.json 30" "bench configs/bench.json 30")
   SERVED_CONFIG=configs/tiny.json
   LIMITS=(60 60 30)
@@ -90,8 +91,8 @@ done
 serve_and_load() {
   local port_file="$WORK/port.json" port="" waited=0
   env LD_LIBRARY_PATH="$RUN_LIBS" "$SERVER" --device="$DEVICE" --config="$ROOT/$SERVED_CONFIG" \
-    --host=127.0.0.1 --port=0 --metrics_port=-1 --port_file="$port_file" --warmup="$MIX" \
-    --max_request_cost=1e7 \
+    --host=127.0.0.1 --port=0 --metrics_host=127.0.0.1 --metrics_port=0 \
+    --port_file="$port_file" --warmup="$MIX" --warmup_rows="$WARM_ROWS" --max_request_cost=1e7 \
     >"$WORK/server.log" 2>&1 &
   local pid=$!
   while [[ ! -s "$port_file" ]] && kill -0 "$pid" 2>/dev/null && ((waited < LIMITS[1] * 10)); do
@@ -100,12 +101,18 @@ serve_and_load() {
   done
   port="$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["port"])' "$port_file" \
     2>/dev/null)"
+  local metrics_port
+  metrics_port="$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["metrics_port"])' \
+    "$port_file" 2>/dev/null)"
   if [[ -n "$port" ]]; then echo 0; else echo 1; fi >"$WORK/rc.server_start"
   if [[ -n "$port" ]]; then
     for n in 1 8; do
       stage "load_$n" "${LIMITS[2]}" "$LOAD" --address="127.0.0.1:$port" --concurrency="$n" \
         --duration="$DUR" --warmup="$WARM" --mix="$MIX" --json="$WORK/load_$n.json"
     done
+    # The graph cache's counters after the load (the summary keeps praxis_cuda_graph_*).
+    python3 -c 'import sys,urllib.request as u;print(u.urlopen(sys.argv[1],timeout=10).read().decode())' \
+      "http://127.0.0.1:$metrics_port/metrics" >"$WORK/metrics.txt" 2>>"$OUT/logs.txt"
   fi
   kill -TERM "$pid" 2>/dev/null
   timeout 60 tail --pid="$pid" -f /dev/null

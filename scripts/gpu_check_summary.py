@@ -2,7 +2,9 @@
 
 Keys: mode, gpu (nvidia-smi's name, driver, memory; null on cpu), versions, stages (exit status of
 each), parity (gpu_test's cases from its XML), bench (gpu_bench's JSON per config), served (the
-served config and praxis-load's p50/p99 per caller count), cuda_graphs, elapsed_s. Prints it and
+served config and praxis-load's p50/p99 per caller count), cuda_graphs (gpu_bench's capture and
+eager-vs-graph p50 per config and layout, and the served server's praxis_cuda_graph_* metrics
+after the load; both empty on cpu, where steps run eagerly), elapsed_s. Prints it and
 exits 1 when a stage failed or a test failed. Standard library only: the device's python3 has it.
 """
 
@@ -84,6 +86,27 @@ def served(work, config):
     return out
 
 
+def cuda_graphs(bench_out, work):
+    """The sparse-attention graph timings of every bench config and layout, and the served
+    server's graph metrics (scraped after the load)."""
+    timings = {}
+    for name, entry in bench_out.items():
+        layouts = entry.get("attention", {}).get("sparse", {}).get("layouts", {})
+        for layout, j in layouts.items():
+            if isinstance(j, dict) and "cuda_graph" in j:
+                timings.setdefault(name, {})[layout] = j["cuda_graph"]
+    metrics = {}
+    try:
+        with open(os.path.join(work, "metrics.txt")) as f:
+            for line in f:
+                if line.startswith("praxis_cuda_graph_"):
+                    key, value = line.split()[:2]
+                    metrics[key] = float(value)
+    except OSError:
+        pass
+    return {"bench": timings, "served_metrics": metrics}
+
+
 def versions(args):
     torch = run(["python3", "-c", "import torch;print(torch.__version__, torch.version.cuda)"])
     pack = os.path.join(args.pack, "VERSION") if args.pack else ""
@@ -111,9 +134,9 @@ def main():
                          os.path.join(args.work, "gpu_test.out")),
         "bench": bench(args.work),
         "served": served(args.work, args.config),
-        "cuda_graphs": "not built",
         "elapsed_s": int(args.elapsed or 0),
     }
+    summary["cuda_graphs"] = cuda_graphs(summary["bench"], args.work)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")

@@ -18,7 +18,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
@@ -101,7 +103,14 @@ ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA; when set, clients must presen
 ABSL_FLAG(int32_t, drain_seconds, 30,
           "on SIGTERM/SIGINT, finish queued and in-flight steps within this long, then exit 0");
 ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
-          "layout of the warm-up step before SERVING: text_len,h,w,K,F (anchor grid = h x w)");
+          "layouts of the warm-up steps before SERVING, ';'-separated: text_len,h,w,K,F (anchor "
+          "grid = h x w); on CUDA each one's graph is captured then");
+ABSL_FLAG(std::string, warmup_rows, "1",
+          "batch rows of the warm-up steps, ','-separated: each --warmup layout runs at each");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "on CUDA, replay a captured graph per (layout, batch rows); false runs every step eagerly");
+ABSL_FLAG(int64_t, cuda_graph_bytes, int64_t{8} << 30,
+          "device bytes the captured graphs may hold (least recently used evicted beyond)");
 ABSL_FLAG(std::string, port_file, "",
           "once SERVING, write {\"port\", \"metrics_port\" (null if off), \"pid\"} as JSON here "
           "(atomically: PATH.tmp, then rename)");
@@ -173,6 +182,25 @@ absl::Status WritePortFile(const std::string& path, int port, int metrics_port) 
         absl::StrCat("--port_file: rename ", tmp, " to ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+// The warm-up steps of --warmup x --warmup_rows; InvalidArgument naming the flag otherwise.
+absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
+  std::vector<int64_t> rows;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_warmup_rows), ',')) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(r, &n) || n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--warmup_rows: expected positive integers separated by ',', got '", r, "'"));
+    }
+    rows.push_back(n);
+  }
+  std::vector<WarmupStep> steps;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_warmup), ';')) {
+    PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry layout, wire::ParseLayout(text, "--warmup"));
+    for (int64_t n : rows) steps.push_back({layout, n});
+  }
+  return steps;
 }
 
 // The model of --checkpoint / --config on --device, with the backbone options it was loaded with;
@@ -250,13 +278,17 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
   model::DefaultToOneIntraOpThread();
   model::KeepFreedMemoryForReuse();
-  PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry warmup,
-                          wire::ParseLayout(absl::GetFlag(FLAGS_warmup), "--warmup"));
+  PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   model::BackboneOptions backbone;
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone));
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
-  auto runner = std::make_unique<model::BackboneStepRunner>(std::move(loaded.model), threads);
+  auto runner = std::make_unique<model::BackboneStepRunner>(
+      std::move(loaded.model),
+      model::RunnerOptions{.intra_op_threads = threads,
+                           .cuda_graph_bytes = absl::GetFlag(FLAGS_cuda_graphs)
+                                                   ? absl::GetFlag(FLAGS_cuda_graph_bytes)
+                                                   : 0});
   options.model = {
       loaded.name, runner->device(), runner->dtype(),
       absl::StrCat("dim ", c.dim, ", encoder ", c.encoder.depth, ", decoder ", c.decoder.depth)};

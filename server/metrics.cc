@@ -73,10 +73,31 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
                            "Bytes the device allocator holds for the model.", MetricType::Gauge,
                            static_cast<double>(*v.device_memory_bytes)));
     }
+    if (v.graphs) AddGraphFamilies(*v.graphs, out);
     return out;
   }
 
  private:
+  static void AddGraphFamilies(const model::GraphStats& g, std::vector<MetricFamily>& out) {
+    out.push_back(Family("praxis_cuda_graph_hits_total",
+                         "Batches replayed from a captured CUDA graph (or its eager fallback).",
+                         MetricType::Counter, g.cache.hits));
+    out.push_back(Family("praxis_cuda_graph_misses_total",
+                         "Batches whose (layout, rows) was captured first.", MetricType::Counter,
+                         g.cache.misses));
+    out.push_back(Family("praxis_cuda_graph_evictions_total",
+                         "Captured graphs dropped to stay within --cuda_graph_bytes.",
+                         MetricType::Counter, g.cache.evictions));
+    out.push_back(Family("praxis_cuda_graph_entries", "Captured (layout, rows) held now.",
+                         MetricType::Gauge, g.cache.entries));
+    out.push_back(Family("praxis_cuda_graph_bytes",
+                         "Device bytes the captured graphs' buffers and pools hold.",
+                         MetricType::Gauge, g.cache.bytes));
+    out.push_back(Family("praxis_cuda_graph_capture_failures_total",
+                         "Captures that failed; those layouts run eagerly.", MetricType::Counter,
+                         g.capture_failures));
+  }
+
   std::function<LiveValues()> live_;
 };
 

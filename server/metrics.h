@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "model/mask_cache.h"
+#include "model/step_graphs.h"
 
 namespace praxis::serve {
 
@@ -27,6 +28,7 @@ struct LiveValues {
   int64_t queued_bytes = 0;
   model::MaskCacheStats mask_cache;
   std::optional<int64_t> device_memory_bytes;
+  std::optional<model::GraphStats> graphs;  // absent where steps run eagerly
   int64_t pending_response_bytes = 0;  // answers admitted but not yet taken by their readers
   int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
 };

@@ -85,7 +85,8 @@ absl::Status PraxisServer::Start() {
     const ServiceCounts s = service_->counts();
     return LiveValues{b.queued_requests,           b.queued_bytes,
                       runner_->mask_cache_stats(), runner_->device_memory_bytes(),
-                      s.pending_response_bytes,    s.write_timeouts};
+                      runner_->graph_stats(),      s.pending_response_bytes,
+                      s.write_timeouts};
   });
   batcher_ = std::make_unique<batching::Batcher>(
       options_.batch,
@@ -161,15 +162,23 @@ v1::ModelInfo PraxisServer::Info() const {
   return info;
 }
 
-absl::Status PraxisServer::Warmup(const wire::StepGeometry& layout) {
-  model::StepInputs in =
-      wire::SyntheticInputs(runner_->config().step_dims(), layout, 1, /*seed=*/0);
-  // The runner takes validated steps only; a layout from a flag may be out of the model's range.
-  PRAXIS_RETURN_IF_ERROR(model::ValidateStep(runner_->config(), in));
+absl::Status PraxisServer::Warmup(absl::Span<const WarmupStep> steps) {
+  std::vector<model::StepInputs> inputs;
+  for (const WarmupStep& step : steps) {
+    inputs.push_back(
+        wire::SyntheticInputs(runner_->config().step_dims(), step.layout, step.rows, /*seed=*/0));
+    // The runner takes validated steps only; a layout from a flag may be out of the model's range.
+    PRAXIS_RETURN_IF_ERROR(model::ValidateStep(runner_->config(), inputs.back()));
+  }
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
   // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;
-  std::thread([&] { warm = runner_->Run(in).status(); }).join();
+  std::thread([&] {
+    for (const model::StepInputs& in : inputs) {
+      warm = runner_->Run(in).status();
+      if (!warm.ok()) return;
+    }
+  }).join();
   PRAXIS_RETURN_IF_ERROR(warm);
   if (drained_) return absl::OkStatus();
   service_->SetAccepting(true);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "model/step_runner.h"
 #include "server/auth.h"
@@ -40,6 +41,12 @@ struct ServerOptions {
   std::string config_json;  // the model's config.json, returned by GetModelInfo
 };
 
+// A warm-up step: a layout and its batch rows (--warmup, --warmup_rows).
+struct WarmupStep {
+  wire::StepGeometry layout;
+  int64_t rows = 1;
+};
+
 // praxis-server: praxis.v1.Praxis, grpc.health.v1.Health and server reflection on one gRPC port,
 // the batcher, and /metrics, around one StepRunner it owns. With a token file, every call (health
 // too, unless exempt) must carry one of its tokens as `authorization: Bearer <token>`.
@@ -58,9 +65,12 @@ class PraxisServer {
   PraxisServer(const PraxisServer&) = delete;
   PraxisServer& operator=(const PraxisServer&) = delete;
 
-  // Runs one synthetic step of `layout` (both towers) so that the first request pays no lazy
-  // initialisation, then serves. The error of the step if it fails (the server stays NOT_SERVING).
-  absl::Status Warmup(const wire::StepGeometry& layout);
+  // Runs a synthetic step (both towers) of each layout and row count in `steps`, so that their
+  // first requests pay no lazy initialisation (on CUDA: each one's graph is captured here), then
+  // serves. The error of the first step that fails (the server stays NOT_SERVING).
+  absl::Status Warmup(absl::Span<const WarmupStep> steps);
+  // One step of `layout` with one row.
+  absl::Status Warmup(const wire::StepGeometry& layout) { return Warmup({{layout, 1}}); }
   // Stops serving and finishes the accepted work within `grace` (SPEC §7), in three bounded
   // phases: the batcher runs what is queued, then written answers reach their readers, then gRPC
   // cancels whatever is left. False when a batch was still running at the end (its worker is left

@@ -200,6 +200,33 @@ TEST(BackboneTest, ALayoutSeenBeforeBuildsNoMask) {
   EXPECT_EQ(model->mask_cache().stats().hits, first.hits + 2);
 }
 
+// What a CUDA graph captures is RunPlanned: it must find everything layout-derived in its plan
+// (no mask lookup, nothing built) and give the forward's outputs, for any inputs of that layout.
+TEST(BackboneTest, RunPlannedReadsOnlyItsPlanAndEqualsTheForward) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  const StepInputs first = RandomStep(2, 2, 1, 3, 3, 4, 1);
+  absl::StatusOr<LayoutPlan> plan = model->PlanLayout(first);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->nbytes(), 0);
+  const MaskCacheStats planned = model->mask_cache().stats();
+  for (uint64_t seed : {1, 2}) {
+    const StepInputs in = RandomStep(2, 2, 1, 3, 3, 4, seed);
+    const BackboneOutput run = model->RunPlanned(in, *plan);
+    absl::StatusOr<BackboneOutput> forward = model->Forward(in);
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    const auto got = NamedOutputs(run), want = NamedOutputs(*forward);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].first, want[i].first);
+      EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << got[i].first << " seed " << seed;
+    }
+  }
+  // Only the two Forward calls looked masks up (two towers each); RunPlanned none.
+  EXPECT_EQ(model->mask_cache().stats().hits, planned.hits + 4);
+  EXPECT_EQ(model->mask_cache().stats().misses, planned.misses);
+}
+
 TEST(BackboneTest, InvalidInputsNameTheField) {
   auto model = LoadTiny(AttentionMode::kSparse);
   ASSERT_NE(model, nullptr);
