@@ -14,8 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "model/masks.h"
 #include "model/model_loader.h"
 #include "model/step.h"
+#include "wire/layout_key.h"
 
 namespace praxis::model::gpu {
 
@@ -27,6 +29,22 @@ namespace praxis::model::gpu {
     at::globalContext().setAllowTF32CuBLAS(false);                      \
     at::globalContext().setAllowTF32CuDNN(false);                       \
   } while (0)
+
+// The tiny model's K = 2 layout (tests/server/server_test.cc's first).
+constexpr WindowLayout kTinyLayout{
+    .anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4};
+// configs/bench.json layouts: 440 encoder tokens (partial 128-token tiles only), and 1924 tokens
+// with full tiles, K = 2 chunks of F = 2 frames.
+constexpr WindowLayout kSmall{
+    .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
+constexpr WindowLayout kMedium{
+    .anchor_h = 16, .anchor_w = 16, .text_len = 128, .k = 2, .f = 2, .h = 16, .w = 16};
+
+// "tiny <layout key>" or "<config path> <layout key>": a case in failure messages.
+inline std::string CaseName(const std::string& config, const WindowLayout& layout) {
+  return (config.empty() ? std::string("tiny") : config) + " " +
+         wire::LayoutKey(GeometryOf(layout), true, {});
+}
 
 // A repository config: $PRAXIS_SOURCE_DIR/configs/NAME at run time (gpu-check.sh sets it on the
 // device, where the checkout is elsewhere), else the source tree this test was built from.

@@ -9,16 +9,10 @@
 
 #include "model/step_graphs.h"
 #include "tests/gpu/gpu_compare.h"
-#include "wire/layout_key.h"
 #include "wire/synthetic.h"
 
 namespace praxis::model::gpu {
 namespace {
-
-constexpr WindowLayout kTinyLayout{
-    .anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4};
-constexpr WindowLayout kBenchMedium{
-    .anchor_h = 16, .anchor_w = 16, .text_len = 128, .k = 2, .f = 2, .h = 16, .w = 16};
 
 struct Case {
   std::string config;  // empty: the embedded tiny model
@@ -27,12 +21,11 @@ struct Case {
 };
 
 std::vector<Case> Cases() {
-  return {{"", kTinyLayout, 1}, {"", kTinyLayout, 4}, {RepoConfig("bench.json"), kBenchMedium, 2}};
+  return {{"", kTinyLayout, 1}, {"", kTinyLayout, 4}, {RepoConfig("bench.json"), kMedium, 2}};
 }
 
 std::string Name(const Case& c) {
-  return (c.config.empty() ? std::string("tiny ") : c.config + " ") +
-         wire::LayoutKey(GeometryOf(c.layout), true, {}) + " x" + std::to_string(c.rows);
+  return CaseName(c.config, c.layout) + " x" + std::to_string(c.rows);
 }
 
 StepInputs Inputs(const VideoBackbone& model, const Case& c, uint64_t seed) {

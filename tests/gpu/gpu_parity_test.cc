@@ -8,7 +8,6 @@
 
 #include "model/masks.h"
 #include "tests/gpu/gpu_compare.h"
-#include "wire/layout_key.h"
 #include "wire/synthetic.h"
 
 namespace praxis::model::gpu {
@@ -20,16 +19,6 @@ constexpr double kFp32Tolerance = 1e-4;
 // bf16 keeps 8 bits of mantissa (2^-9 ~ 2e-3 per rounding); a few blocks compound it to ~1e-2.
 constexpr double kBf16Tolerance = 3e-2;
 
-// The tiny model's K = 2 layout (tests/server/server_test.cc's first).
-constexpr WindowLayout kTinyLayout{
-    .anchor_h = 3, .anchor_w = 4, .text_len = 5, .k = 2, .f = 1, .h = 3, .w = 4};
-// configs/bench.json layouts: 440 encoder tokens (partial 128-token tiles only), and 1924 tokens
-// with full tiles, K = 2 chunks of F = 2 frames.
-constexpr WindowLayout kSmall{
-    .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
-constexpr WindowLayout kMedium{
-    .anchor_h = 16, .anchor_w = 16, .text_len = 128, .k = 2, .f = 2, .h = 16, .w = 16};
-
 struct Case {
   std::string config;  // empty: the embedded tiny model
   WindowLayout layout;
@@ -40,10 +29,7 @@ std::vector<Case> Cases() {
       {"", kTinyLayout}, {RepoConfig("bench.json"), kSmall}, {RepoConfig("bench.json"), kMedium}};
 }
 
-std::string Name(const Case& c) {
-  return (c.config.empty() ? std::string("tiny ") : c.config + " ") +
-         wire::LayoutKey(GeometryOf(c.layout), true, {});
-}
+std::string Name(const Case& c) { return CaseName(c.config, c.layout); }
 
 TEST(GpuParityTest, Fp32OnCudaEqualsFp32OnCpuOnEveryOutput) {
   PRAXIS_SKIP_WITHOUT_CUDA();
