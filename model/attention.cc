@@ -126,7 +126,7 @@ torch::Tensor AdditiveBias(const torch::Tensor& allowed, torch::Device device,
   return bias.to(device, dtype).narrow(1, 0, cols);
 }
 
-// Bytes a tensor holds, a view's whole allocation included (a padded bias).
+// Bytes a bias holds, its rows' padding included (the whole allocation of the view).
 int64_t HeldBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
@@ -149,7 +149,9 @@ int64_t AttentionPlan::nbytes() const {
   int64_t n = HeldBytes(dense_bias);
   for (const Group& g : groups) {
     n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes();
-    n += HeldBytes(g.partial_mask) + HeldBytes(g.partial_bias) + HeldBytes(g.partial_row_any);
+    if (g.partial_mask.defined()) {
+      n += g.partial_mask.nbytes() + HeldBytes(g.partial_bias) + g.partial_row_any.nbytes();
+    }
   }
   return n;
 }
