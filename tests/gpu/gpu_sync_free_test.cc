@@ -31,6 +31,7 @@ constexpr double kBf16Tolerance = 1e-2;
 // throws, as it does on a host synchronisation.
 void ExpectCapturedEqualsEager(const std::function<torch::Tensor()>& forward,
                                const std::string& what) {
+  torch::cuda::synchronize();  // the inputs were made on the default stream
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
   c10::cuda::CUDAStreamGuard guard(stream);
   const torch::Tensor eager = forward().clone();  // also warms cuBLAS and the allocator up
