@@ -2,7 +2,8 @@
 // text 256, K = 4, F = 2, h x w = 30 x 40), bf16 weights, in one run:
 //  (a) the block-sparse attention executor vs dense-mask SDPA on the encoder's chunk-causal layout;
 //  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s;
-//  (c) the peak resident memory of a step.
+//  (c) the peak resident memory of a step;
+//  (d) one MoE block, its CPU dispatch against the grouped one that CUDA runs.
 // Run: build/bench/model_bench (PRAXIS_SOURCE_DIR is compiled in to find configs/).
 
 #include <benchmark/benchmark.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 
 #include "model/backbone.h"
+#include "model/layers.h"
 #include "model/random_weights.h"
 #include "model/step_cost.h"
 
@@ -75,6 +77,27 @@ void BM_MatmulBf16(benchmark::State& state) {
       benchmark::Counter(2.0 * n * n * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_MatmulBf16)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+
+// One MoE block of configs/bench.json (bf16, top-k of its experts) on 2048 tokens: arg 0 the
+// dispatch the CPU runs (the per-expert loop), 1 the grouped dispatch CUDA runs (on the CPU its
+// grouped matmul is a per-group loop of its own).
+void BM_Moe(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const BackboneConfig c = BenchConfig();
+  const MoeConfig& m = c.moe;
+  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  torch::manual_seed(2);
+  const MoeWeights w{.router = torch::randn({m.num_experts, c.dim}, bf),
+                     .expert_bias = torch::zeros({m.num_experts}),
+                     .gate_up = torch::randn({m.num_experts, c.dim, 2 * m.expert_dim}, bf) / 16,
+                     .down = torch::randn({m.num_experts, m.expert_dim, c.dim}, bf) / 16,
+                     .shared_gate_up = torch::randn({c.dim, 2 * m.shared_dim}, bf) / 16,
+                     .shared_down = torch::randn({m.shared_dim, c.dim}, bf) / 16};
+  const torch::Tensor x = torch::randn({1, 2048, c.dim}, bf);
+  const MoeDispatch dispatch = state.range(0) == 0 ? MoeDispatch::kAuto : MoeDispatch::kGrouped;
+  for (auto _ : state) benchmark::DoNotOptimize(Moe(x, w, m.top_k, 1.0, dispatch));
+}
+BENCHMARK(BM_Moe)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 
 // One attention call of the bench encoder layout (2 heads of 64, bf16): arg 0 sparse, 1 dense.
 void BM_EncoderAttention(benchmark::State& state) {

@@ -39,6 +39,8 @@ torch::Tensor Gather(const torch::Tensor& t, const torch::Tensor& index, const T
 constexpr int64_t kGroupCallPairs = 16384;
 // A dense bias is kept only for layouts this short ([T, T] in the attention dtype).
 constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
+// Bias rows on CUDA are padded to this many elements (16: the alignment SDPA pads to).
+constexpr int64_t kBiasRowAlign = 16;
 
 std::vector<int32_t> RowTiles(const torch::Tensor& counts, const torch::Tensor& indices,
                               int64_t i) {
@@ -59,8 +61,25 @@ std::pair<torch::Tensor, torch::Tensor> FusedWithLse(const torch::Tensor& q, con
   return {out, lse};
 }
 
+// Whether the memory-efficient kernel takes the partial tiles of q [B, H, rows, hd] with `bias`.
+// PyTorch 2.11: aten/src/ATen/native/transformers/cuda/attention.cu (_efficient_attention_forward)
+// wants the bias in q's dtype with a unit last stride, and mem_eff/kernel_forward.h
+// (check_supported) its row stride a multiple of the kernel's alignment (BuildAttentionPlan pads
+// the rows to 16 elements on CUDA); sdp_utils.cpp (check_head_dim_size_mem_efficient,
+// minimum_gemm_alignment) wants the head dim a multiple of 8 for 16-bit types and of 4 for float32
+// on sm80+ (k and v share q's head dim here; kvH == H on CUDA).
+bool EfficientKernelTakes(const torch::Tensor& q, const torch::Tensor& bias) {
+  const torch::ScalarType dt = q.scalar_type();
+  if (bias.scalar_type() != dt || bias.stride(-1) != 1) return false;
+  if (dt != torch::kBFloat16 && dt != torch::kFloat16 && dt != torch::kFloat32) return false;
+  return q.size(-1) % (dt == torch::kFloat32 ? 4 : 8) == 0;
+}
+
 // Masked attention over the partial tiles, with its row log-sum-exp (-inf where a row has no
-// allowed pair). On the CPU it runs the fused kernel with the additive mask; elsewhere in float32.
+// allowed pair, whose output is 0): the fused kernel with the plan's additive bias (the CPU's
+// flash kernel; CUDA's memory-efficient one, the bias broadcast to [B, H, rows, cols] as a view).
+// Neither reads device data on the host. Float32 over the materialized mask only where the kernel
+// cannot take the operands (EfficientKernelTakes).
 std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
                                                       const torch::Tensor& k,
                                                       const torch::Tensor& v,
@@ -72,6 +91,16 @@ std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
     // The kernel reports lse 0 (and output 0) for a fully masked row; give it no weight.
     return {out, lse.masked_fill(g.partial_row_any.logical_not(), -inf)};
   }
+  if (q.is_cuda() && EfficientKernelTakes(q, g.partial_bias)) {
+    const torch::Tensor bias = g.partial_bias.expand(
+        {q.size(0), q.size(1), g.partial_bias.size(0), g.partial_bias.size(1)});
+    auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
+        q, k, v, bias, /*compute_log_sumexp=*/true, 0.0, false, scale);
+    // A fully masked row may come back NaN (exp(-inf - -inf)): 0 and -inf by fixed-shape fills.
+    const torch::Tensor none = g.partial_row_any.logical_not();
+    return {out.masked_fill(none.unsqueeze(-1), 0.0),
+            lse.slice(2, 0, q.size(2)).to(torch::kFloat32).masked_fill(none, -inf)};
+  }
   const int64_t heads = q.size(1);
   torch::Tensor s = torch::matmul(q.to(torch::kFloat32),
                                   ExpandKvHeads(k, heads).to(torch::kFloat32).transpose(-1, -2));
@@ -80,6 +109,26 @@ std::pair<torch::Tensor, torch::Tensor> MaskedWithLse(const torch::Tensor& q,
   const torch::Tensor safe = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
   const torch::Tensor p = torch::exp(s - safe.unsqueeze(-1));
   return {torch::matmul(p, ExpandKvHeads(v, heads).to(torch::kFloat32)), lse};
+}
+
+// `allowed` [rows, cols] as an additive 0 / -inf bias in `dtype` on `device`. On CUDA its rows
+// are padded to a multiple of kBiasRowAlign elements and the bias is the narrowed view: the
+// memory-efficient kernel needs the bias's row stride aligned (SDPA's own preprocess_mask pads the
+// same way, attention.cpp pad_bias); the padding is never read.
+torch::Tensor AdditiveBias(const torch::Tensor& allowed, torch::Device device,
+                           torch::ScalarType dtype) {
+  const int64_t cols = allowed.size(1);
+  const int64_t padded =
+      device.is_cuda() ? (cols + kBiasRowAlign - 1) / kBiasRowAlign * kBiasRowAlign : cols;
+  torch::Tensor bias = torch::zeros({allowed.size(0), padded}, torch::kFloat32);
+  bias.narrow(1, 0, cols)
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  return bias.to(device, dtype).narrow(1, 0, cols);
+}
+
+// Bytes a bias holds, its rows' padding included (the whole allocation of the view).
+int64_t HeldBytes(const torch::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
 }  // namespace
@@ -97,11 +146,11 @@ bool AttentionPlan::UseDense(int64_t rows) const {
 }
 
 int64_t AttentionPlan::nbytes() const {
-  int64_t n = dense_bias.defined() ? dense_bias.nbytes() : 0;
+  int64_t n = HeldBytes(dense_bias);
   for (const Group& g : groups) {
     n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes();
     if (g.partial_mask.defined()) {
-      n += g.partial_mask.nbytes() + g.partial_bias.nbytes() + g.partial_row_any.nbytes();
+      n += g.partial_mask.nbytes() + HeldBytes(g.partial_bias) + g.partial_row_any.nbytes();
     }
   }
   return n;
@@ -135,31 +184,28 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
       const torch::Tensor allowed = rule(q, partial);
       g.partial_mask = allowed.to(device);
       g.partial_row_any = allowed.any(1).to(device);
-      g.partial_bias =
-          torch::zeros(allowed.sizes(), torch::kFloat32)
-              .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
-              .to(device, dtype);
+      g.partial_bias = AdditiveBias(allowed, device, dtype);
     }
     plan.groups.push_back(std::move(g));
   }
+  // Not on CUDA: SparseAttention runs the groups there (UseDense's cost per group call was
+  // measured on the CPU; a CUDA forward replays as one graph), so the bias would only take memory.
   const int64_t t = mask.q_len;
-  if (mask.q_len == mask.kv_len &&
+  if (!device.is_cuda() && mask.q_len == mask.kv_len &&
       t * t * static_cast<int64_t>(c10::elementSize(dtype)) <= kMaxDenseBiasBytes) {
     const torch::Tensor all = torch::arange(t, torch::kInt64);
-    plan.dense_bias = torch::zeros({t, t}, torch::kFloat32)
-                          .masked_fill(rule(all, all).logical_not(),
-                                       -std::numeric_limits<float>::infinity())
-                          .to(device, dtype);
+    plan.dense_bias = AdditiveBias(rule(all, all), device, dtype);
   }
   return plan;
 }
 
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale) {
-  if (plan.UseDense(q.size(0)) && !q.is_cuda() && plan.dense_bias.scalar_type() == q.scalar_type()) {
+  if (plan.UseDense(q.size(0)) && !q.is_cuda() &&
+      plan.dense_bias.scalar_type() == q.scalar_type()) {
     // A row with no allowed key comes back 0 from the kernel, as the groups leave it.
-    return std::get<0>(
-        at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, plan.dense_bias, scale));
+    return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false,
+                                                                       plan.dense_bias, scale));
   }
   torch::Tensor out = torch::zeros_like(q);
   for (const AttentionPlan::Group& g : plan.groups) {

@@ -23,9 +23,11 @@ struct TokenRun {
 
 // The work of one layout's attention, derived once from its BlockMask and cached with it. Query
 // tiles with the same key-tile pattern form one group and run as one fused call; empty tiles are
-// never touched; full tiles run unmasked; only partial tiles carry a mask. Where every pair of a
-// short layout costs less than the groups' calls, the plan also holds the dense additive bias and
-// attention runs as one fused call. Immutable; its tensors live on the model's device.
+// never touched; full tiles run unmasked; only partial tiles carry a mask. On the CPU, where every
+// pair of a short layout costs less than the groups' calls, the plan also holds the dense additive
+// bias and attention runs as one fused call. Immutable; its tensors live on the model's device.
+// Built on the host (it reads the mask there); running it reads no device data on the host, so a
+// CUDA forward under a plan can be captured in a CUDA graph.
 struct AttentionPlan {
   struct Group {
     torch::Tensor q_index;           // int64 [rows]: the group's query tokens
@@ -33,20 +35,23 @@ struct AttentionPlan {
     torch::Tensor partial_kv_index;  // int64 [partial cols]: keys of its partial tiles
     // The same indices as runs where they are consecutive (length 0 where they are not, or empty).
     TokenRun q_run, full_kv_run, partial_kv_run;
-    torch::Tensor partial_mask;      // bool [rows, partial cols]: allowed pairs in partial tiles
-    torch::Tensor partial_bias;      // the same as an additive 0 / -inf mask in the model dtype
-    torch::Tensor partial_row_any;   // bool [rows]: the row has an allowed pair in partial tiles
+    torch::Tensor partial_mask;  // bool [rows, partial cols]: allowed pairs in partial tiles
+    // The same as an additive 0 / -inf mask in the model dtype; on CUDA a view of rows padded
+    // to 16 elements (the memory-efficient kernel's bias alignment).
+    torch::Tensor partial_bias;
+    torch::Tensor partial_row_any;  // bool [rows]: the row has an allowed pair in partial tiles
   };
   std::vector<Group> groups;
   int64_t length = 0;
-  // [T, T] additive 0 / -inf bias in the attention dtype; defined only for short layouts (below).
+  // [T, T] additive 0 / -inf bias in the attention dtype; defined only for short layouts (below),
+  // and never on CUDA (there the groups run; UseDense's costs are CPU measurements).
   torch::Tensor dense_bias;
   int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
 
   // Whether a batch of `rows` runs as one dense call: the groups' pairs plus a fixed cost per
   // group call (gathers, two kernels, a merge) against every pair of the layout.
   bool UseDense(int64_t rows) const;
-  // Bytes of all index and mask tensors.
+  // Bytes of all index and mask tensors, padding included.
   int64_t nbytes() const;
 };
 

@@ -1,6 +1,14 @@
 #include "model/layers.h"
 
+#include <ATen/ATen.h>
+
+#if !defined(PRAXIS_TORCH_CPU_ONLY)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 
 #include "model/cpu_kernels.h"
@@ -97,35 +105,126 @@ torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
   return torch::matmul(torch::silu(gu[0]) * gu[1], down);
 }
 
-}  // namespace
+// The routing of one MoE block: each token's top_k experts and their combine weights, and the
+// (token, slot) pairs sorted by expert so that each expert's pairs are one contiguous slice.
+struct Routing {
+  torch::Tensor weights;         // float32 [N, top_k]: combine weights, in slot order
+  torch::Tensor sorted_experts;  // int64 [N·top_k]: the sorted pairs' experts, ascending
+  torch::Tensor order;           // int64 [N·top_k]: each sorted pair's index token·top_k + slot
+  torch::Tensor routed_x;        // [N·top_k, dim]: each sorted pair's token row
+};
 
-torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale) {
-  const torch::ScalarType dt = w.gate_up.scalar_type();
-  const torch::Tensor xs = x.reshape({-1, x.size(-1)}).to(dt);
+Routing Route(const torch::Tensor& xs, const MoeWeights& w, int64_t top_k, double routed_scale) {
   const torch::Tensor scores =
       torch::sigmoid(torch::matmul(xs.to(torch::kFloat32), w.router.to(torch::kFloat32).t()));
   const torch::Tensor chosen = std::get<1>(torch::topk(scores + w.expert_bias, top_k, -1));
   torch::Tensor weights = scores.gather(-1, chosen);
   weights = weights / weights.sum(-1, /*keepdim=*/true) * routed_scale;
-  // Sort the (token, slot) pairs by expert so that each expert's tokens are one contiguous slice.
-  const torch::Tensor flat_expert = chosen.flatten();
-  const torch::Tensor order =
-      std::get<1>(flat_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const torch::Tensor tokens = torch::div(order, top_k, "floor");
+  auto [sorted, order] = chosen.flatten().sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  torch::Tensor routed_x = xs.index_select(0, torch::div(order, top_k, "floor"));
+  return {weights, sorted, order, routed_x};
+}
+
+// The routed experts one at a time over their slices: float32 [N, dim]. The slice lengths are
+// read on the host, a device sync on CUDA.
+torch::Tensor LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k) {
   const torch::Tensor counts =
-      torch::bincount(flat_expert, /*weights=*/{}, w.gate_up.size(0)).to(torch::kCPU);
-  const torch::Tensor routed_x = xs.index_select(0, tokens);
-  const torch::Tensor routed_w = weights.flatten().index_select(0, order).unsqueeze(1);
-  torch::Tensor out = torch::zeros(xs.sizes(), xs.options().dtype(torch::kFloat32));
+      torch::bincount(r.sorted_experts, /*weights=*/{}, w.gate_up.size(0)).to(torch::kCPU);
+  const torch::Tensor tokens = torch::div(r.order, top_k, "floor");
+  const torch::Tensor routed_w = r.weights.flatten().index_select(0, r.order).unsqueeze(1);
+  torch::Tensor out = torch::zeros({r.weights.size(0), r.routed_x.size(1)}, r.weights.options());
   const auto n = counts.accessor<int64_t, 1>();
   int64_t begin = 0;
   for (int64_t e = 0; e < counts.numel(); ++e) {
     if (n[e] == 0) continue;
-    const torch::Tensor y = FusedExpert(routed_x.narrow(0, begin, n[e]), w.gate_up[e], w.down[e]);
+    const torch::Tensor y = FusedExpert(r.routed_x.narrow(0, begin, n[e]), w.gate_up[e], w.down[e]);
     out.index_add_(0, tokens.narrow(0, begin, n[e]),
                    routed_w.narrow(0, begin, n[e]) * y.to(torch::kFloat32));
     begin += n[e];
   }
+  return out;
+}
+
+// The routed experts as two grouped matmuls over all slices: float32 [N, dim]. Every shape is
+// fixed by N, top_k and the weights; the slices' ends are found on the device.
+torch::Tensor GroupedExperts(const Routing& r, const MoeWeights& w, int64_t top_k) {
+  const torch::Tensor experts = torch::arange(w.gate_up.size(0), r.sorted_experts.options());
+  // End of each expert's slice (an expert with no pair ends where the previous one does).
+  const torch::Tensor ends =
+      torch::searchsorted(r.sorted_experts, experts, /*out_int32=*/true, /*right=*/true);
+  const auto gu = at::_grouped_mm(r.routed_x, w.gate_up, ends).chunk(2, -1);
+  const torch::Tensor y = at::_grouped_mm(torch::silu(gu[0]) * gu[1], w.down, ends);
+  // Back to (token, slot) order by the permutation (each row written once, so deterministic,
+  // unlike an atomic scatter-add: a graph replay equals eager bit for bit), then the weighted sum.
+  const int64_t n = r.weights.size(0), dim = y.size(1);
+  const torch::Tensor pairs =
+      torch::empty({n * top_k, dim}, y.options()).index_copy_(0, r.order, y);
+  return (pairs.view({n, top_k, dim}).to(torch::kFloat32) * r.weights.unsqueeze(-1)).sum(1);
+}
+
+// Whether `t`, an operand of at::_grouped_mm, passes GroupedMMUtils.h's
+// check_valid_strides_and_return_transposed: one of its last two strides 1, the other at least the
+// extent it strides over and a multiple of 16 bytes; its address 16-byte aligned (the pointer's
+// value, read on the host: no device access).
+bool GroupedOperandAligned(const torch::Tensor& t) {
+  const int64_t d = t.dim(), unit = 16 / static_cast<int64_t>(t.element_size());
+  const int64_t rows = t.stride(d - 2), cols = t.stride(d - 1);
+  const bool row_major =
+      cols == 1 && rows >= std::max<int64_t>(1, t.size(d - 1)) && rows % unit == 0;
+  const bool col_major =
+      rows == 1 && cols >= std::max<int64_t>(1, t.size(d - 2)) && cols % unit == 0;
+  return (row_major || col_major) && reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+}
+
+// The compute capability major of the CUDA device `d`; 0 in a build that links LibTorch's CPU
+// half only (the fuzz build, tests/fuzz), where no CUDA tensor exists.
+int CudaMajor(const torch::Device& d) {
+#if defined(PRAXIS_TORCH_CPU_ONLY)
+  (void)d;
+  return 0;
+#else
+  return at::cuda::getDeviceProperties(d.has_index() ? d.index() : at::cuda::current_device())
+      ->major;
+#endif
+}
+
+}  // namespace
+
+bool GroupedMoeIsSyncFree(const torch::Tensor& x, const MoeWeights& w, int cuda_major) {
+  // PyTorch 2.11, aten/src/ATen/native/cuda/GroupedBlas.cpp, _grouped_mm_cuda: the fast path
+  // (at::cuda::detail::bf16bf16_grouped_mm, GroupMM.cu) needs bf16 operands and output on a device
+  // of major 9 or 10 (_scaled_mm_allowed_device(sm90_only, sm100_only)); anything else runs
+  // _grouped_mm_fallback (GroupedMMUtils.h), which copies the offsets to the host.
+  if (cuda_major != 9 && cuda_major != 10) return false;
+  const auto bf16 = torch::kBFloat16;
+  if (w.gate_up.scalar_type() != bf16 || w.down.scalar_type() != bf16) return false;
+  // GroupMM.cu: "Can't process more than 1024 groups".
+  if (w.gate_up.dim() != 3 || w.down.dim() != 3 || w.gate_up.size(0) >= 1024) return false;
+  // The activations Moe passes are fresh row-major tensors (x cast to bf16, gathered; the gated
+  // hidden [rows, expert_dim]): aligned when their row lengths are multiples of 8 bf16 elements.
+  const int64_t dim = x.size(-1), expert_dim = w.down.size(1);
+  return dim % 8 == 0 && expert_dim % 8 == 0 && GroupedOperandAligned(w.gate_up) &&
+         GroupedOperandAligned(w.down);
+}
+
+MoeDispatch AutoMoeDispatch(const torch::Tensor& x, const MoeWeights& w) {
+  // On CUDA where the fused kernel does not apply (e.g. float32 weights, or a GPU before sm90),
+  // the loop's host read of the counts stays: a forward with such a block cannot be captured in
+  // a CUDA graph and runs eager (docs/model.md). The CPU keeps the loop: measured, and its
+  // grouped matmul is itself the same per-group loop.
+  if (!x.is_cuda()) return MoeDispatch::kLoop;
+  return GroupedMoeIsSyncFree(x, w, CudaMajor(x.device())) ? MoeDispatch::kGrouped
+                                                           : MoeDispatch::kLoop;
+}
+
+torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale,
+                  MoeDispatch dispatch) {
+  const torch::ScalarType dt = w.gate_up.scalar_type();
+  const torch::Tensor xs = x.reshape({-1, x.size(-1)}).to(dt);
+  if (dispatch == MoeDispatch::kAuto) dispatch = AutoMoeDispatch(xs, w);
+  const Routing r = Route(xs, w, top_k, routed_scale);
+  torch::Tensor out =
+      dispatch == MoeDispatch::kGrouped ? GroupedExperts(r, w, top_k) : LoopExperts(r, w, top_k);
   out = out + FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
   return out.to(dt).view(x.sizes());
 }

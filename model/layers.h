@@ -73,8 +73,28 @@ struct MoeWeights {
   torch::Tensor shared_down;     // [shared_dim, dim]
 };
 
+// How Moe runs the routed experts. kLoop: one matmul pair per expert over its slice of the
+// expert-sorted tokens; it reads the experts' token counts on the host (a device sync on CUDA).
+// kGrouped: two at::_grouped_mm calls with group offsets computed on the device; shapes never
+// depend on the routing. kAuto: kGrouped on CUDA where GroupedMoeIsSyncFree, else kLoop (the
+// measured CPU path, and CUDA operands that at::_grouped_mm would run through its host fallback).
+enum class MoeDispatch : int8_t { kAuto = 0, kLoop = 1, kGrouped = 2 };
+
+// Whether at::_grouped_mm (PyTorch 2.11) runs its fused CUTLASS kernel, with no host read of the
+// offsets and so capturable in a CUDA graph, for this MoE block's operands on a CUDA device of
+// compute capability major `cuda_major`: bf16 operands and output, sm90 or sm100, fewer than 1024
+// experts, 16-byte aligned operands with a unit stride and 16-byte multiple row strides (so dim
+// and expert_dim multiples of 8). `x` is the block input (Moe casts it to the weights' dtype).
+// Pure: no device access (the CUDA capability is an argument, so the CPU tests can check it).
+bool GroupedMoeIsSyncFree(const torch::Tensor& x, const MoeWeights& w, int cuda_major);
+
+// The dispatch kAuto picks for `x` (in any dtype) on its device.
+MoeDispatch AutoMoeDispatch(const torch::Tensor& x, const MoeWeights& w);
+
 // Sigmoid-routed top-k experts plus the shared expert, with no capacity limit: a token's output
-// never depends on its batch mates. Tokens are sorted by expert so each expert runs one matmul.
-torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale);
+// never depends on its batch mates. Tokens are sorted by expert so each expert's tokens are one
+// contiguous slice; `dispatch` chooses how the experts run over those slices (above).
+torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale,
+                  MoeDispatch dispatch = MoeDispatch::kAuto);
 
 }  // namespace praxis::model
