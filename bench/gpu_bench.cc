@@ -18,9 +18,9 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <functional>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -129,20 +129,17 @@ Json TimeGraphs(VideoBackbone& model, const StepInputs& host_in, int repeats) {
     return {{"error", (eager.ok() ? graph.status() : eager.status()).ToString()}};
   }
   const double e = Percentile(*eager, 0.5), g = Percentile(*graph, 0.5);
-  return {{"capture_ms", capture_ms},
-          {"eager_host_inputs_p50_ms", e},
-          {"graph_p50_ms", g},
-          {"graph_p90_ms", Percentile(*graph, 0.9)},
-          {"eager_over_graph", e / g},
-          {"graph_bytes", graphs.stats().cache.bytes}};
+  return {{"capture_ms", capture_ms},  {"eager_host_inputs_p50_ms", e},
+          {"graph_p50_ms", g},         {"graph_p90_ms", Percentile(*graph, 0.9)},
+          {"eager_over_graph", e / g}, {"graph_bytes", graphs.stats().cache.bytes}};
 }
 
 // Cold (first, builds the masks) and timed steps of `model` on `layout`, with their useful rate;
 // on CUDA also the graph's.
 Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, double gemm) {
   const torch::Device d = model.options().device;
-  const StepInputs host_in = wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout),
-                                                   1, /*seed=*/0);
+  const StepInputs host_in =
+      wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout), 1, /*seed=*/0);
   absl::StatusOr<StepInputs> in = model.OnDevice(host_in);
   if (!in.ok()) return {{"error", in.status().ToString()}};
   Sync(d);

@@ -48,7 +48,8 @@ class SharedLruCache {
 
   // `what` names a value in errors ("a mask"); at least one entry is always allowed.
   SharedLruCache(std::string what, int64_t max_entries, int64_t max_bytes)
-      : what_(std::move(what)), max_entries_(max_entries < 1 ? 1 : max_entries),
+      : what_(std::move(what)),
+        max_entries_(max_entries < 1 ? 1 : max_entries),
         max_bytes_(max_bytes) {}
   SharedLruCache(const SharedLruCache&) = delete;
   SharedLruCache& operator=(const SharedLruCache&) = delete;

@@ -160,8 +160,7 @@ BackboneOutput VideoBackbone::RunPlanned(const StepInputs& in, const LayoutPlan&
   out.cond = er.cond;
   out.features.taps = std::move(er.taps);
   out.features.embeddings = er.embeddings;
-  out.features.positions =
-      plan.positions.unsqueeze(0).expand({in.noised.size(0), -1}).contiguous();
+  out.features.positions = plan.positions.unsqueeze(0).expand({in.noised.size(0), -1}).contiguous();
   SetSpans(plan.layout, out.features);
   return out;
 }

@@ -1,11 +1,12 @@
 #include "model/step_graphs.h"
 
 #include <ATen/core/CachingHostAllocator.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 
 #include <exception>
 #include <iostream>
@@ -20,7 +21,7 @@ namespace {
 
 using c10::cuda::CUDACachingAllocator::getDeviceStats;
 
-int64_t ReservedBytes(c10::DeviceIndex device) {
+int64_t ReservedBytes(int device) {
   return getDeviceStats(device)
       .reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
       .current;
@@ -38,8 +39,7 @@ void BestEffort(F f) {
 // Returns the stream and the allocators to normal after a capture that threw part-way (PyTorch's
 // CUDAGraph leaves that to its caller): ends the capture if the stream still records, stops
 // routing allocations to the graph's pool, and releases the pool.
-void AbandonCapture(const c10::cuda::CUDAStream& stream, c10::DeviceIndex device,
-                    c10::MempoolId_t pool) {
+void AbandonCapture(const c10::cuda::CUDAStream& stream, int device, c10::MempoolId_t pool) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
       status != cudaStreamCaptureStatusNone) {
@@ -56,67 +56,102 @@ void AbandonCapture(const c10::cuda::CUDAStream& stream, c10::DeviceIndex device
 
 // Makes `waiter`'s later work wait for everything queued on `on` so far (no host wait).
 void WaitFor(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& on) {
-  at::cuda::CUDAEvent done;
+  c10::cuda::CUDAEvent done;
   done.record(on);
   done.block(waiter);
 }
 
 // The static buffers of `batch`: fresh device tensors (never the caller's) and pinned staging.
-void AllocateBuffers(const StepInputs& batch, torch::Device device, CapturedStep& s) {
+void AllocateBuffers(const StepInputs& batch, int device, CapturedStep& s) {
   s.inputs = batch;
   s.staging = batch;
+  s.staged = std::make_unique<c10::cuda::CUDAEvent>();
   for (const wire::InputField& field : wire::kInputFields) {
     const torch::Tensor& t = batch.*field.tensor;
     if (!t.defined()) continue;
     const torch::Tensor host = t.cpu();
     s.staging.*field.tensor = torch::empty(host.sizes(), host.options().pinned_memory(true));
-    s.inputs.*field.tensor = host.to(device).clone();
+    s.inputs.*field.tensor = host.to(torch::Device(torch::kCUDA, device)).clone();
     s.bytes += (s.inputs.*field.tensor).nbytes();
   }
 }
 
 }  // namespace
 
+// Streams made once: a pool stream per capture would strand each warm-up's cached memory, and a
+// cuBLAS workspace, on a stream of its own.
+struct StepGraphs::Streams {
+  c10::cuda::CUDAStream capture;
+  c10::cuda::CUDAStream copy;
+};
+
 CapturedStep::CapturedStep() = default;
 CapturedStep::CapturedStep(CapturedStep&&) noexcept = default;
 CapturedStep::~CapturedStep() = default;
 
 StepGraphs::StepGraphs(VideoBackbone& model, int64_t max_bytes)
-    : model_(model), cache_("a CUDA graph", /*max_entries=*/1 << 20, max_bytes) {}
+    : model_(model),
+      device_(model.options().device.has_index() ? model.options().device.index()
+                                                 : c10::cuda::current_device()),
+      streams_(new Streams{c10::cuda::getStreamFromPool(false, device_),
+                           c10::cuda::getStreamFromPool(false, device_)}),
+      cache_("a CUDA graph", /*max_entries=*/1 << 20, max_bytes) {}
+
+StepGraphs::~StepGraphs() = default;
+
+void StepGraphs::CaptureInto(CapturedStep& s) {
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
+  const c10::cuda::CUDAStream& stream = streams_->capture;
+  const c10::cuda::CUDAStreamGuard on_stream(stream);
+  // One eager run on the capture stream first, as PyTorch's make_graphed_callables does: lazy
+  // initialisation (cuBLAS handles and workspaces, kernel selection) must not happen in capture.
+  WaitFor(stream, current);
+  model_.RunPlanned(s.inputs, s.plan);
+  stream.synchronize();
+  // The allocator cannot free cached blocks while a capture is under way: free them now (this
+  // also makes the pool's byte count below exact).
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const int64_t before = ReservedBytes(device_);
+  const c10::MempoolId_t pool = at::cuda::graph_pool_handle();
+  auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+  try {
+    graph->capture_begin(pool, cudaStreamCaptureModeGlobal);
+    s.outputs = model_.RunPlanned(s.inputs, s.plan);
+    graph->capture_end();
+  } catch (...) {
+    s.outputs = BackboneOutput();
+    AbandonCapture(stream, device_, pool);
+    throw;
+  }
+  // Apart from the capture: if instantiating throws, the graph's own reset releases its pool once.
+  graph->instantiate();
+  s.bytes += ReservedBytes(device_) - before + s.plan.nbytes();
+  s.graph = std::move(graph);
+}
 
 absl::StatusOr<CapturedStep> StepGraphs::Build(const StepInputs& batch) {
   CapturedStep s;
   PRAXIS_ASSIGN_OR_RETURN(s.plan, model_.PlanLayout(batch));
-  const torch::Device device = model_.options().device;
-  const c10::cuda::CUDAGuard device_guard(device);
-  AllocateBuffers(batch, device, s);
-  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
-  const c10::MempoolId_t pool = at::cuda::graph_pool_handle();
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  bool capturing = false;
+  const c10::cuda::CUDAGuard device_guard(device_);
+  const std::string what = absl::StrCat("CUDA graph capture of layout ", wire::LayoutKey(batch),
+                                        " x ", batch.noised.size(0), " rows");
   try {
-    const c10::cuda::CUDAStreamGuard on_stream(stream);
-    // One eager run on the capture stream first, as PyTorch's make_graphed_callables does: lazy
-    // initialisation (cuBLAS handles and workspaces, kernel selection) must not happen in capture.
-    WaitFor(stream, c10::cuda::getDefaultCUDAStream(device.index()));
-    model_.RunPlanned(s.inputs, s.plan);
-    stream.synchronize();
-    const int64_t before = ReservedBytes(device.index());
-    capturing = true;
-    graph->capture_begin(pool, cudaStreamCaptureModeGlobal);
-    s.outputs = model_.RunPlanned(s.inputs, s.plan);
-    graph->capture_end();
-    capturing = false;
-    s.bytes += ReservedBytes(device.index()) - before;
-    s.graph = std::move(graph);
+    AllocateBuffers(batch, device_, s);
+    CaptureInto(s);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " ran out of device memory: ", e.what()));
   } catch (const std::exception& e) {
-    if (capturing) AbandonCapture(stream, device.index(), pool);
+    // Kept for its plan and its reason only: no buffers, no bytes.
+    s.inputs = s.staging = StepInputs();
+    s.staged.reset();
     s.outputs = BackboneOutput();
+    s.bytes = 0;
     s.failure = e.what();
     ++capture_failures_;
-    std::cerr << "praxis-server: CUDA graph capture of layout " << wire::LayoutKey(batch)
-              << " x " << batch.noised.size(0) << " rows failed; it runs eagerly: "
-              << s.failure.substr(0, s.failure.find('\n')) << std::endl;
+    std::cerr << "praxis-server: " << what
+              << " failed; it runs eagerly: " << s.failure.substr(0, s.failure.find('\n'))
+              << std::endl;
   }
   return s;
 }
@@ -134,31 +169,45 @@ absl::Status StepGraphs::Capture(const StepInputs& batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BackboneOutput> StepGraphs::Run(const StepInputs& batch) {
-  PRAXIS_ASSIGN_OR_RETURN(const std::shared_ptr<const CapturedStep> s, Get(batch));
-  if (s->graph == nullptr) return model_.ForwardValidated(batch);
-  try {
-    const torch::Device device = model_.options().device;
-    const c10::cuda::CUDAGuard device_guard(device);
-    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
-    const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, device.index());
-    {
-      // Staging buffers are free: the previous Run's copies finished before its outputs came back.
-      const c10::cuda::CUDAStreamGuard on_copy(copy);
-      WaitFor(copy, compute);  // the last replay has read its inputs
-      for (const wire::InputField& field : wire::kInputFields) {
-        const torch::Tensor& t = batch.*field.tensor;
-        if (!t.defined()) continue;
-        torch::Tensor staging = s->staging.*field.tensor;
-        staging.copy_(t);
-        (s->inputs.*field.tensor).copy_(staging, /*non_blocking=*/true);
-      }
+void StepGraphs::Stage(const StepInputs& batch, const CapturedStep& s) {
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_);
+  const c10::cuda::CUDAStream& copy = streams_->copy;
+  {
+    const c10::cuda::CUDAStreamGuard on_copy(copy);
+    s.staged->synchronize();  // the last copies out of the staging buffers are done
+    WaitFor(copy, compute);   // and the last replay has read the static inputs
+    for (const wire::InputField& field : wire::kInputFields) {
+      const torch::Tensor& t = batch.*field.tensor;
+      if (!t.defined()) continue;
+      const torch::Tensor& staging = s.staging.*field.tensor;
+      staging.copy_(t);
+      (s.inputs.*field.tensor).copy_(staging, /*non_blocking=*/true);
     }
-    WaitFor(compute, copy);
-    s->graph->replay();
-    BackboneOutput out = s->outputs;
-    out.features.positions = s->plan.positions.unsqueeze(0).expand({batch.noised.size(0), -1});
-    return out;
+    s.staged->record(copy);
+  }
+  WaitFor(compute, copy);
+}
+
+absl::StatusOr<BackboneOutput> StepGraphs::Eager(const StepInputs& batch, const LayoutPlan& plan) {
+  PRAXIS_ASSIGN_OR_RETURN(const StepInputs in, model_.OnDevice(batch));
+  try {
+    return model_.RunPlanned(in, plan);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("forward failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<BackboneOutput> StepGraphs::Run(const StepInputs& batch) {
+  absl::StatusOr<std::shared_ptr<const CapturedStep>> got = Get(batch);
+  if (absl::IsResourceExhausted(got.status())) return model_.ForwardValidated(batch);
+  PRAXIS_RETURN_IF_ERROR(got.status());
+  const CapturedStep& s = **got;
+  if (s.graph == nullptr) return Eager(batch, s.plan);
+  try {
+    const c10::cuda::CUDAGuard device_guard(device_);
+    Stage(batch, s);
+    s.graph->replay();
+    return s.outputs;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("replaying the CUDA graph failed: ", e.what()));
   }

@@ -15,26 +15,32 @@
 
 namespace at::cuda {
 struct CUDAGraph;
-}
+}  // namespace at::cuda
+namespace c10::cuda {
+struct CUDAEvent;
+}  // namespace c10::cuda
 
 namespace praxis::model {
 
 // One captured forward: the static device inputs the graph reads, the pinned host buffers they
-// are staged through, the outputs the graph writes (overwritten by every replay) and the layout's
-// plan. `graph` is null when the capture failed: the layout then runs eagerly, and `failure` says
-// why (cached too, so that a layout that cannot be captured is not tried again at every batch).
+// are staged through (and the event of the last copy out of them), the outputs the graph writes
+// (overwritten by every replay) and the layout's plan. `graph` is null when the capture failed:
+// the layout then runs eagerly on the plan, and `failure` says why (cached too, holding no
+// buffers, so that a layout that cannot be captured is not tried again at every batch).
 struct CapturedStep {
   CapturedStep();
   CapturedStep(CapturedStep&&) noexcept;
   ~CapturedStep();
 
   LayoutPlan plan;
-  StepInputs inputs;   // on the device
-  StepInputs staging;  // pinned host tensors of the same shapes
+  StepInputs inputs;                             // on the device
+  StepInputs staging;                            // pinned host tensors of the same shapes
+  std::unique_ptr<c10::cuda::CUDAEvent> staged;  // recorded after the copies out of `staging`
   BackboneOutput outputs;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::string failure;
-  int64_t bytes = 0;  // device bytes it holds: the static inputs and the graph's memory pool
+  // Device bytes it holds: the static inputs, the graph's memory pool and the plan's tables.
+  int64_t bytes = 0;
 
   int64_t nbytes() const { return bytes; }
 };
@@ -49,16 +55,19 @@ struct GraphStats {
 // use and keeping the captures in a SharedLruCache bounded by device bytes. Captures in
 // cudaStreamCaptureModeGlobal, where any host synchronisation fails the capture: a capture that
 // succeeds is the proof that the forward never waits on the device. A capture that fails is
-// logged once (stderr) and its layout falls back to the eager forward.
+// logged once (stderr) and its layout falls back to the eager forward; a capture that ran out of
+// device memory is not cached (that batch runs eagerly, a later one tries again).
 // Not thread-safe: one batcher worker runs it (the replayed buffers are shared); stats() may be
-// called from any thread. The model must outlive it.
+// called from any thread. The model, on a CUDA device, must outlive it.
 class StepGraphs {
  public:
   StepGraphs(VideoBackbone& model, int64_t max_bytes);
+  ~StepGraphs();
 
   // One step of validated host inputs `batch`: copies them into the graph's static inputs
   // (through pinned memory, on a copy stream the compute stream waits for), replays, and returns
-  // the outputs still on the device — valid until the next Run. Internal for a LibTorch failure.
+  // the outputs still on the device — valid until the next Run, which the caller must not start
+  // before it has read them. Internal for a LibTorch failure.
   absl::StatusOr<BackboneOutput> Run(const StepInputs& batch);
 
   // Captures the graph of `batch`'s layout and rows now (warm-up, before health says SERVING);
@@ -71,10 +80,22 @@ class StepGraphs {
   // The cached capture of `batch`'s (layout key, rows), capturing it on a miss.
   absl::StatusOr<std::shared_ptr<const CapturedStep>> Get(const StepInputs& batch);
   // Stages, warms up and captures one forward of `batch`; a CapturedStep with a null graph and
-  // the reason when capturing throws.
+  // the reason when capturing throws; ResourceExhausted (not cached) when it ran out of memory.
   absl::StatusOr<CapturedStep> Build(const StepInputs& batch);
+  // Warms up on the capture stream and captures `s`'s forward into `s.graph`; throws on failure,
+  // with the stream and the allocator back to normal.
+  void CaptureInto(CapturedStep& s);
+  // Copies `batch` into `s`'s static inputs through its staging buffers, on the copy stream that
+  // the current stream then waits for.
+  void Stage(const StepInputs& batch, const CapturedStep& s);
+  // `batch` eagerly on the cached plan of a layout whose capture failed.
+  absl::StatusOr<BackboneOutput> Eager(const StepInputs& batch, const LayoutPlan& plan);
+
+  struct Streams;  // the capture and copy streams, made once (model/step_graphs.cc)
 
   VideoBackbone& model_;
+  const int device_;  // the CUDA device index
+  std::unique_ptr<Streams> streams_;
   SharedLruCache<std::string, CapturedStep> cache_;
   std::atomic<int64_t> capture_failures_{0};
 };

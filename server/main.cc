@@ -107,8 +107,9 @@ ABSL_FLAG(std::string, warmup, "16,4,4,2,1",
           "grid = h x w); on CUDA each one's graph is captured then");
 ABSL_FLAG(std::string, warmup_rows, "1",
           "batch rows of the warm-up steps, ','-separated: each --warmup layout runs at each");
-ABSL_FLAG(bool, cuda_graphs, true,
-          "on CUDA, replay a captured graph per (layout, batch rows); false runs every step eagerly");
+ABSL_FLAG(
+    bool, cuda_graphs, true,
+    "on CUDA, replay a captured graph per (layout, batch rows); false runs every step eagerly");
 ABSL_FLAG(int64_t, cuda_graph_bytes, int64_t{8} << 30,
           "device bytes the captured graphs may hold (least recently used evicted beyond)");
 ABSL_FLAG(std::string, port_file, "",
@@ -190,8 +191,8 @@ absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
   for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_warmup_rows), ',')) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(r, &n) || n < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--warmup_rows: expected positive integers separated by ',', got '", r, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--warmup_rows: expected positive integers separated by ',', got '", r, "'"));
     }
     rows.push_back(n);
   }

@@ -29,8 +29,8 @@ struct LiveValues {
   model::MaskCacheStats mask_cache;
   std::optional<int64_t> device_memory_bytes;
   std::optional<model::GraphStats> graphs;  // absent where steps run eagerly
-  int64_t pending_response_bytes = 0;  // answers admitted but not yet taken by their readers
-  int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
+  int64_t pending_response_bytes = 0;       // answers admitted but not yet taken by their readers
+  int64_t write_timeouts = 0;               // calls cancelled for a stalled reader
 };
 
 // What praxis_model_info labels.

@@ -83,9 +83,12 @@ absl::Status PraxisServer::Start() {
   metrics_ = std::make_unique<ServerMetrics>(options_.model, [this] {
     const batching::BatcherStats b = batcher_->stats();
     const ServiceCounts s = service_->counts();
-    return LiveValues{b.queued_requests,           b.queued_bytes,
-                      runner_->mask_cache_stats(), runner_->device_memory_bytes(),
-                      runner_->graph_stats(),      s.pending_response_bytes,
+    return LiveValues{b.queued_requests,
+                      b.queued_bytes,
+                      runner_->mask_cache_stats(),
+                      runner_->device_memory_bytes(),
+                      runner_->graph_stats(),
+                      s.pending_response_bytes,
                       s.write_timeouts};
   });
   batcher_ = std::make_unique<batching::Batcher>(

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "model/step_runner.h"
 #include "server/auth.h"
 #include "server/batching/batch_policy.h"
