@@ -13,22 +13,26 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
                   std::vector<std::unique_ptr<batching::Task>> batch) {
   std::vector<StepTask*> tasks;
   std::vector<const model::StepInputs*> inputs;
+  std::vector<const model::OutputSelection*> plans;
   int64_t rows = 0;
   for (const auto& t : batch) {
     tasks.push_back(static_cast<StepTask*>(t.get()));
     inputs.push_back(&tasks.back()->inputs());
+    plans.push_back(&tasks.back()->plan());
     rows += t->rows();
   }
+  const model::OutputSelection every = model::WantedByAll(plans);
   const absl::Time start = absl::Now();
   // The torch boundary of the worker: stacking, the run and the row slices may all throw, and an
   // exception here would end the process with every step in flight.
   std::vector<absl::StatusOr<model::BackboneOutput>> outputs;
   try {
-    absl::StatusOr<model::BackboneOutput> out = model.Run(StackSteps(inputs));
+    absl::StatusOr<model::BackboneOutput> out =
+        model.Run(StackSteps(inputs), model::WantedByAny(plans));
     int64_t row = 0;
     for (StepTask* task : tasks) {
       if (out.ok()) {
-        outputs.push_back(SliceRows(*out, row, task->rows()));
+        outputs.push_back(TaskRows(*out, row, task->rows(), task->plan(), every));
       } else {
         outputs.push_back(out.status());
       }
