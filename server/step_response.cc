@@ -1,5 +1,6 @@
 #include "server/step_response.h"
 
+#include <ATen/TensorIterator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -102,8 +103,14 @@ void StepResponder::NextChunk(v1::TensorChunk* c) {
     std::memcpy(data.data(), static_cast<const char*>(out.flat.data_ptr()) + element_ * size,
                 static_cast<size_t>(n * size));
   } else {
-    torch::from_blob(data.data(), {n}, torch::TensorOptions().dtype(out.wire))
-        .copy_(out.flat.narrow(0, element_, n));
+    // In pieces ATen converts on the calling thread (at most GRAIN_SIZE elements): a larger copy
+    // starts an OpenMP team on this gRPC thread beside the model's, which on 2 busy cores made
+    // the bf16 conversion 25x slower (docs/benchmarks.md, issue 13).
+    const torch::Tensor to = torch::from_blob(data.data(), {n}, torch::dtype(out.wire));
+    for (int64_t done = 0; done < n; done += at::internal::GRAIN_SIZE) {
+      const int64_t m = std::min(at::internal::GRAIN_SIZE, n - done);
+      to.narrow(0, done, m).copy_(out.flat.narrow(0, element_ + done, m));
+    }
   }
   element_ += n;
 }
