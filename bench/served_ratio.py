@@ -61,10 +61,12 @@ def main() -> int:
                 server.stop()
             local = in_process_ms(a.build, a.layout, a.threads, a.steps)
             run = {"served_p50_ms": served["latency_p50_ms"], "server_compute_p50_ms": served["compute_p50_ms"],
-                   "in_process_p50_ms": local, "ratio": served["latency_p50_ms"] / local}
+                   "server_queue_p50_ms": served["queue_p50_ms"], "in_process_p50_ms": local,
+                   "ratio": served["latency_p50_ms"] / local}
             runs.append(run)
             print(f"repeat {i + 1}: served p50 {run['served_p50_ms']:.2f} ms (server compute p50 "
-                  f"{run['server_compute_p50_ms']:.2f}), in-process p50 {local:.2f} ms: ratio "
+                  f"{run['server_compute_p50_ms']:.2f}, queue p50 {run['server_queue_p50_ms']:.2f}), "
+                  f"in-process p50 {local:.2f} ms: ratio "
                   f"{run['ratio']:.3f}", flush=True)
     ratios = [r["ratio"] for r in runs]
     print(f"served / in-process p50: median {statistics.median(ratios):.3f}, spread "
