@@ -1,8 +1,8 @@
 // serialize_bench: the answer's serialize path in GB/s (issue 13, "only what is asked for"): a
 // batch of 8 one-row steps of configs/bench.json at the bench layout (K = 4, F = 2, h x w = 30 x
 // 40) asking for velocity and cond, each answered by a StepResponder at the default chunk size,
-// from fp32 outputs to an fp32, a bf16 and an fp16 wire. Beside it in the same run: a plain memcpy of
-// the same wire bytes (the floor), and the previous path (clone the row, convert each chunk to a
+// from fp32 outputs to an fp32, a bf16 and an fp16 wire. Beside it in the same run: a plain memcpy
+// of the same wire bytes (the floor), and the previous path (clone the row, convert each chunk to a
 // tensor, copy it into the message). Median and spread (max / min) of --repeats runs each, and
 // the CPU model. Not a test: nothing is asserted.
 // Run: build/bench/serialize_bench [--repeats=7] [--threads=2] [--max_chunk_bytes=1048576]

@@ -62,8 +62,9 @@ absl::Status Run() {
   BackboneStepRunner runner(std::move(loaded.model));
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, Inputs(runner.config()));
   PRAXIS_RETURN_IF_ERROR(ValidateStep(runner.config(), in));  // the runner does not check
-  const auto all = OutputSelection::All(static_cast<int>(runner.config().encoder.tap_blocks.size()));
-  PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());            // warm-up: builds the layout's masks
+  const auto all =
+      OutputSelection::All(static_cast<int>(runner.config().encoder.tap_blocks.size()));
+  PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());  // warm-up: builds the layout's masks
   std::vector<double> times;
   for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
     const auto start = std::chrono::steady_clock::now();

@@ -63,8 +63,8 @@ std::vector<std::pair<torch::Tensor*, bool>> OutputSlots(BackboneOutput& out,
   slots.emplace_back(&out.cond, wanted.cond);
   std::vector<torch::Tensor>& taps = out.features.taps;
   for (size_t i = 0; i < taps.size(); ++i) {
-    const bool want = std::find(wanted.taps.begin(), wanted.taps.end(), static_cast<int>(i)) !=
-                      wanted.taps.end();
+    const bool want =
+        std::find(wanted.taps.begin(), wanted.taps.end(), static_cast<int>(i)) != wanted.taps.end();
     slots.emplace_back(&taps[i], want);
   }
   slots.emplace_back(&out.features.embeddings, wanted.embeddings);

@@ -46,7 +46,7 @@ struct BackboneOutput {
 // others undefined and never copies or converts them (server/step_request.h's OutputPlan is one
 // caller's selection plus its wire form).
 struct OutputSelection {
-  bool velocity = false;   // only with decode
+  bool velocity = false;  // only with decode
   bool cond = false;
   std::vector<int> taps = {};  // indices into EncoderFeatures::taps, each once
   bool embeddings = false;

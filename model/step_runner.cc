@@ -20,8 +20,8 @@ namespace {
 void WantedToHost(BackboneOutput& out, const OutputSelection& wanted) {
   for (auto& [tensor, want] : OutputSlots(out, wanted)) {
     if (!want || !tensor->defined()) continue;
-    torch::Tensor host = torch::empty(
-        tensor->sizes(), tensor->options().device(torch::kCPU).pinned_memory(true));
+    torch::Tensor host =
+        torch::empty(tensor->sizes(), tensor->options().device(torch::kCPU).pinned_memory(true));
     host.copy_(*tensor, /*non_blocking=*/true);
     *tensor = std::move(host);
   }

@@ -169,8 +169,8 @@ absl::Status PraxisServer::Warmup(const wire::StepGeometry& layout) {
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
   // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;
-  const auto all = model::OutputSelection::All(
-      static_cast<int>(runner_->config().encoder.tap_blocks.size()));
+  const auto all =
+      model::OutputSelection::All(static_cast<int>(runner_->config().encoder.tap_blocks.size()));
   std::thread([&] { warm = runner_->Run(in, all).status(); }).join();
   PRAXIS_RETURN_IF_ERROR(warm);
   if (drained_) return absl::OkStatus();

@@ -16,7 +16,8 @@
 namespace praxis::serve {
 
 // What the caller asked to receive, resolved against the model: the outputs (the selection the
-// runner gets, merged with the batch's other callers'; taps in the order asked) and their wire form.
+// runner gets, merged with the batch's other callers'; taps in the order asked) and their wire
+// form.
 struct OutputPlan : model::OutputSelection {
   v1::DType wire_dtype = v1::FLOAT32;
   int64_t response_bytes = 0;  // the tensor bytes the answer will carry

@@ -29,8 +29,8 @@ struct FakeStepRunnerOptions {
 // by row from the inputs (so a caller can tell its rows from another's, and a batch answers each
 // row as that row alone would be answered): see Outputs. It can hold batches at a gate (so tests
 // can fill queues, let deadlines pass or cancel calls while a batch is known to be running), fail
-// or slow the next batches, and counts what ran and which outputs each batch asked for. Its mask-cache stats count one lookup per batch,
-// keyed by layout. Thread-safe.
+// or slow the next batches, and counts what ran and which outputs each batch asked for. Its
+// mask-cache stats count one lookup per batch, keyed by layout. Thread-safe.
 class FakeStepRunner : public model::StepRunner {
  public:
   explicit FakeStepRunner(FakeStepRunnerOptions options = {});
