@@ -69,7 +69,7 @@ def run_load(build: str, port: int, layout: str, callers: int, duration: float, 
     with open(report, encoding="utf-8") as f:
         r = json.load(f)
     return {"rps": r["throughput_rps"], "cpu_pct": 100 * (c1 - c0) / (t1 - t0),
-            "compute_p50_ms": r["server_compute_ms"]["p50"], "queue_p50_ms": r["server_queue_ms"]["p50"],
+            "latency_p50_ms": r["latency_ms"]["p50"], "compute_p50_ms": r["server_compute_ms"]["p50"], "queue_p50_ms": r["server_queue_ms"]["p50"],
             "errors": r["errors"]}
 
 

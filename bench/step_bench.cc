@@ -1,5 +1,6 @@
 // step_bench: times the server's StepRunner on one step file, for bench/compare_reference.py to put
-// beside the PyTorch reference's forward on the same checkpoint, inputs and thread count.
+// beside the PyTorch reference's forward on the same checkpoint, inputs and thread count, or on
+// synthetic inputs of a layout, for bench/served_ratio.py to put beside the served step.
 // Prints one JSON line: {"times_ms": [...], "median_ms": m}. Not a test: nothing is asserted.
 
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -20,11 +21,17 @@
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
 #include "model/step_runner.h"
+#include "wire/layout_key.h"
 #include "wire/step_file.h"
+#include "wire/synthetic.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
 ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, timesteps, ...)");
+ABSL_FLAG(std::string, layout, "",
+          "without --inputs: synthetic inputs of this layout (text_len,h,w,K,F; praxis-load's "
+          "--mix form), --rows rows");
+ABSL_FLAG(int64_t, rows, 1, "rows of the synthetic inputs (--layout)");
 ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs (after one untimed warm-up run)");
 ABSL_FLAG(bool, worker_thread, false,
@@ -37,26 +44,38 @@ ABSL_FLAG(std::string, profile, "",
 namespace praxis::model {
 namespace {
 
+// The step file of --inputs, or synthetic inputs of --layout (as praxis-load sends).
+absl::StatusOr<StepInputs> Inputs(const BackboneConfig& config) {
+  if (!absl::GetFlag(FLAGS_inputs).empty() || absl::GetFlag(FLAGS_layout).empty()) {
+    return wire::ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0);
+  }
+  PRAXIS_ASSIGN_OR_RETURN(wire::StepGeometry g,
+                          wire::ParseLayout(absl::GetFlag(FLAGS_layout), "--layout"));
+  return wire::SyntheticInputs(config.step_dims(), g, absl::GetFlag(FLAGS_rows), /*seed=*/0);
+}
+
 absl::Status Run() {
   ModelSource source;
   source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   source.dtype = absl::GetFlag(FLAGS_dtype);
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
   BackboneStepRunner runner(std::move(loaded.model));
-  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, wire::ReadStepInputs(absl::GetFlag(FLAGS_inputs), 0));
+  PRAXIS_ASSIGN_OR_RETURN(StepInputs in, Inputs(runner.config()));
   PRAXIS_RETURN_IF_ERROR(ValidateStep(runner.config(), in));  // the runner does not check
-  PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());            // warm-up: builds the layout's masks
+  const auto all =
+      OutputSelection::All(static_cast<int>(runner.config().encoder.tap_blocks.size()));
+  PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());  // warm-up: builds the layout's masks
   std::vector<double> times;
   for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
     const auto start = std::chrono::steady_clock::now();
-    PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());
+    PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());
     times.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count());
   }
   if (!absl::GetFlag(FLAGS_profile).empty()) {
     torch::autograd::profiler::RecordProfile trace(absl::GetFlag(FLAGS_profile));
-    PRAXIS_RETURN_IF_ERROR(runner.Run(in).status());
+    PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());

@@ -42,7 +42,36 @@ struct BackboneOutput {
   EncoderFeatures features;
 };
 
-// Every output of `out` under its streamed name (wire/output_names.h), in streaming order:
+// Which outputs a batch must return: what its callers asked for, together. A runner leaves the
+// others undefined and never copies or converts them (server/step_request.h's OutputPlan is one
+// caller's selection plus its wire form).
+struct OutputSelection {
+  bool velocity = false;  // only with decode
+  bool cond = false;
+  std::vector<int> taps = {};  // indices into EncoderFeatures::taps, each once
+  bool embeddings = false;
+  bool positions = false;
+
+  // Every output of a model with `n_taps` tap blocks (warm-up, tools and tests).
+  static OutputSelection All(int n_taps);
+};
+
+// The outputs any of `selections` asks for (what a batch must produce), taps ascending.
+OutputSelection WantedByAny(const std::vector<const OutputSelection*>& selections);
+// The outputs every one of `selections` asks for, taps ascending; all of them for none.
+OutputSelection WantedByAll(const std::vector<const OutputSelection*>& selections);
+
+// Each output slot of `out` (velocity, cond, taps in order, embeddings, positions) with whether
+// `wanted` selects it: the one place that maps a selection onto a BackboneOutput. The pointers
+// point into `out`.
+std::vector<std::pair<torch::Tensor*, bool>> OutputSlots(BackboneOutput& out,
+                                                         const OutputSelection& wanted);
+
+// Releases every output of `out` that `wanted` does not select (left undefined; taps keep their
+// indices). Spans and counts stay.
+void KeepOnly(BackboneOutput& out, const OutputSelection& wanted);
+
+// Every defined output of `out` under its streamed name (wire/output_names.h), in streaming order:
 // velocity (with decode), cond, tap.0 …, embeddings, positions.
 std::vector<std::pair<std::string, torch::Tensor>> NamedOutputs(const BackboneOutput& out);
 

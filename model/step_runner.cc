@@ -1,6 +1,7 @@
 #include "model/step_runner.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <utility>
@@ -16,7 +17,25 @@ BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model, Run
   }
 }
 
-absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) {
+namespace {
+
+// Moves the wanted outputs of `out` (on a CUDA device) to the host: each into pinned memory with a
+// copy queued on the current stream, then one synchronisation for them all. Throws (LibTorch).
+void WantedToHost(BackboneOutput& out, const OutputSelection& wanted) {
+  for (auto& [tensor, want] : OutputSlots(out, wanted)) {
+    if (!want || !tensor->defined() || !tensor->is_cuda()) continue;  // positions: on the host
+    torch::Tensor host =
+        torch::empty(tensor->sizes(), tensor->options().device(torch::kCPU).pinned_memory(true));
+    host.copy_(*tensor, /*non_blocking=*/true);
+    *tensor = std::move(host);
+  }
+  c10::cuda::getCurrentCUDAStream().synchronize();
+}
+
+}  // namespace
+
+absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
+                                                       const OutputSelection& wanted) {
   thread_local int applied = 0;
   if (intra_op_threads_ > 0 && applied != intra_op_threads_) {
     SetIntraOpThreadsOfThisThread(intra_op_threads_);
@@ -25,16 +44,11 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch) 
   const torch::Device dev = model_->options().device;
   absl::StatusOr<BackboneOutput> out =
       graphs_ != nullptr ? graphs_->Run(batch) : model_->ForwardValidated(batch);
-  if (!out.ok() || !dev.is_cuda()) return out;
+  if (!out.ok()) return out;
+  KeepOnly(*out, wanted);  // before the copy: unwanted outputs never leave the device
+  if (!dev.is_cuda()) return out;
   try {
-    auto host = [](torch::Tensor& t) {
-      if (t.defined()) t = t.cpu();
-    };
-    host(out->velocity);
-    host(out->cond);
-    for (torch::Tensor& t : out->features.taps) host(t);
-    host(out->features.embeddings);
-    host(out->features.positions);
+    WantedToHost(*out, wanted);
   } catch (const std::exception& e) {
     return absl::InternalError(std::string("copying outputs to the host: ") + e.what());
   }

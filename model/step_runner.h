@@ -12,6 +12,7 @@
 #include "model/backbone.h"
 #include "model/config.h"
 #include "model/mask_cache.h"
+#include "model/step.h"
 #include "model/step_graphs.h"
 
 namespace praxis::model {
@@ -23,11 +24,13 @@ class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual const BackboneConfig& config() const = 0;
-  // One step over all rows of `batch`; outputs on the host. Every step stacked into `batch` must
+  // One step over all rows of `batch`: the outputs `wanted` selects, on the host; the others
+  // undefined (never copied off the device or converted). Every step stacked into `batch` must
   // have passed ValidateStep (the server checks each request before queueing); the LibTorch
   // runner does not check again. Internal for a runtime failure; an implementation that checks
   // anyway may return InvalidArgument.
-  virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) = 0;
+  virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
+                                             const OutputSelection& wanted) = 0;
   virtual MaskCacheStats mask_cache_stats() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda:0"
   virtual std::string dtype() const = 0;   // "float32", "bfloat16", "float16"
@@ -49,13 +52,15 @@ struct RunnerOptions {
 
 // The LibTorch StepRunner over a VideoBackbone: Run is VideoBackbone::ForwardValidated (inputs
 // go to the device once, through pinned host memory on CUDA) or, on CUDA, the replay of the
-// layout's captured graph; outputs come back to the host.
+// layout's captured graph; the wanted outputs come back to the host (on CUDA: into pinned memory,
+// one stream synchronisation per batch).
 class BackboneStepRunner : public StepRunner {
  public:
   explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, RunnerOptions options = {});
 
   const BackboneConfig& config() const override { return model_->config(); }
-  absl::StatusOr<BackboneOutput> Run(const StepInputs& batch) override;
+  absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
+                                     const OutputSelection& wanted) override;
   MaskCacheStats mask_cache_stats() const override { return model_->mask_cache().stats(); }
   std::string device() const override;
   std::string dtype() const override;

@@ -9,26 +9,30 @@
 
 namespace praxis::serve {
 
-void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                  std::vector<std::unique_ptr<batching::Task>> batch) {
-  std::vector<StepTask*> tasks;
+namespace {
+
+// Runs the batch of `tasks` once, asking for the outputs any of them wants, and splits the
+// result into each task's own rows and outputs (server/step_batch.h TaskRows); every task gets
+// the model's error if the run fails. The torch boundary of the worker: stacking, the run and the
+// row slices may all throw, and an exception here would end the process with every step in
+// flight.
+std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(
+    model::StepRunner& model, const std::vector<StepTask*>& tasks) {
   std::vector<const model::StepInputs*> inputs;
-  int64_t rows = 0;
-  for (const auto& t : batch) {
-    tasks.push_back(static_cast<StepTask*>(t.get()));
-    inputs.push_back(&tasks.back()->inputs());
-    rows += t->rows();
+  std::vector<const model::OutputSelection*> plans;
+  for (StepTask* task : tasks) {
+    inputs.push_back(&task->inputs());
+    plans.push_back(&task->plan());
   }
-  const absl::Time start = absl::Now();
-  // The torch boundary of the worker: stacking, the run and the row slices may all throw, and an
-  // exception here would end the process with every step in flight.
+  const model::OutputSelection every = model::WantedByAll(plans);
   std::vector<absl::StatusOr<model::BackboneOutput>> outputs;
   try {
-    absl::StatusOr<model::BackboneOutput> out = model.Run(StackSteps(inputs));
+    absl::StatusOr<model::BackboneOutput> out =
+        model.Run(StackSteps(inputs), model::WantedByAny(plans));
     int64_t row = 0;
     for (StepTask* task : tasks) {
       if (out.ok()) {
-        outputs.push_back(SliceRows(*out, row, task->rows()));
+        outputs.push_back(TaskRows(*out, row, task->rows(), task->plan(), every));
       } else {
         outputs.push_back(out.status());
       }
@@ -38,6 +42,21 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
     outputs.assign(tasks.size(),
                    absl::InternalError(absl::StrCat("running the batch: ", e.what())));
   }
+  return outputs;
+}
+
+}  // namespace
+
+void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
+                  std::vector<std::unique_ptr<batching::Task>> batch) {
+  std::vector<StepTask*> tasks;
+  int64_t rows = 0;
+  for (const auto& t : batch) {
+    tasks.push_back(static_cast<StepTask*>(t.get()));
+    rows += t->rows();
+  }
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<model::BackboneOutput>> outputs = RunAndSplit(model, tasks);
   const absl::Duration compute = absl::Now() - start;
   metrics.ObserveBatch(rows, compute);
   for (size_t i = 0; i < tasks.size(); ++i) {

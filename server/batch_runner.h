@@ -10,8 +10,9 @@
 namespace praxis::serve {
 
 // The batcher's Runner: stacks the rows of a batch of StepTasks (one layout key), runs the model
-// once, and answers each task with exactly its own rows. If the run fails, every task gets the
-// model's error. Runs on a batcher worker; the tasks must all be StepTasks.
+// once for the outputs any of them asked for, and answers each task with exactly its own rows of
+// the outputs it asked for. If the run fails, every task gets the model's error. Runs on a batcher
+// worker; the tasks must all be StepTasks.
 void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
                   std::vector<std::unique_ptr<batching::Task>> batch);
 

@@ -176,9 +176,11 @@ absl::Status PraxisServer::Warmup(absl::Span<const WarmupStep> steps) {
   // On a thread of its own that then exits: the OpenMP team the warm-up grows goes with it, and
   // the batcher's worker stays the only thread holding one (model/cpu_runtime.h).
   absl::Status warm;
+  const auto all =
+      model::OutputSelection::All(static_cast<int>(runner_->config().encoder.tap_blocks.size()));
   std::thread([&] {
     for (const model::StepInputs& in : inputs) {
-      warm = runner_->Run(in).status();
+      warm = runner_->Run(in, all).status();
       if (!warm.ok()) return;
     }
   }).join();

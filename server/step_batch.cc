@@ -27,4 +27,21 @@ model::BackboneOutput SliceRows(const model::BackboneOutput& out, int64_t start,
   return s;
 }
 
+model::BackboneOutput TaskRows(const model::BackboneOutput& out, int64_t start, int64_t rows,
+                               const model::OutputSelection& task,
+                               const model::OutputSelection& every) {
+  model::BackboneOutput s = SliceRows(out, start, rows);
+  const auto mine = model::OutputSlots(s, task);
+  const auto shared = model::OutputSlots(s, every);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    torch::Tensor& t = *mine[i].first;
+    if (!mine[i].second) {
+      t = torch::Tensor();
+    } else if (!shared[i].second && t.defined()) {
+      t = t.clone(torch::MemoryFormat::Contiguous);
+    }
+  }
+  return s;
+}
+
 }  // namespace praxis::serve

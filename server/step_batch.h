@@ -17,4 +17,13 @@ model::StepInputs StackSteps(absl::Span<const model::StepInputs* const> steps);
 // of `out`'s tensors.
 model::BackboneOutput SliceRows(const model::BackboneOutput& out, int64_t start, int64_t rows);
 
+// One caller's share of a batch's outputs: rows [start, start + rows) of the outputs `task` asks
+// for, the others undefined. An output that every caller of the batch asks for (`every`) is a
+// view of the batch's tensor, which then lives until the last of them has sent it: its bytes are
+// the batch's rows, all of which callers reserved (server/byte_budget.h). Any other output is a
+// copy of the task's rows, so that an answer never holds rows no caller reserved.
+model::BackboneOutput TaskRows(const model::BackboneOutput& out, int64_t start, int64_t rows,
+                               const model::OutputSelection& task,
+                               const model::OutputSelection& every);
+
 }  // namespace praxis::serve

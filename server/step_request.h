@@ -9,18 +9,16 @@
 #include "absl/status/statusor.h"
 #include "model/backbone.h"
 #include "model/config.h"
+#include "model/step.h"
 #include "model/step_cost.h"
 #include "praxis/v1/praxis.pb.h"
 
 namespace praxis::serve {
 
-// What the caller asked to receive, resolved against the model.
-struct OutputPlan {
-  bool velocity = false;
-  bool cond = false;
-  std::vector<int> taps;  // indices into EncoderFeatures::taps
-  bool embeddings = false;
-  bool positions = false;
+// What the caller asked to receive, resolved against the model: the outputs (the selection the
+// runner gets, merged with the batch's other callers'; taps in the order asked) and their wire
+// form.
+struct OutputPlan : model::OutputSelection {
   v1::DType wire_dtype = v1::FLOAT32;
   int64_t response_bytes = 0;  // the tensor bytes the answer will carry
 };

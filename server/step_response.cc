@@ -1,6 +1,10 @@
 #include "server/step_response.h"
 
+#include <ATen/TensorIterator.h>
+#include <torch/torch.h>
+
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <utility>
 
@@ -56,9 +60,12 @@ void StepResponder::SetHeader(const StepResult& r, const OutputPlan& plan,
     // May throw; Create turns it into an error.
     const torch::ScalarType target = wire::WireTarget(*tensor, plan.wire_dtype).value();
     const v1::DType wire_dtype = wire::ToWireDtype(target).value();
+    // No copy for a host tensor that is already contiguous, as a row slice of a batch is: kept as
+    // a view, it holds the batch's tensor until sent. The batch runner made it a view only where
+    // every caller of the batch asked for this output (server/step_batch.h TaskRows), so the
+    // tensors held are rows whose answers the pending-answer budget counts (in the wire dtype:
+    // an fp32 model holds up to twice what a 16-bit wire answer reserved, as a copy would).
     torch::Tensor flat = tensor->to(torch::kCPU).contiguous().view({-1});
-    // A row slice of a batch keeps the whole batch's tensor alive: own just these rows.
-    if (flat.storage().nbytes() > flat.nbytes()) flat = flat.clone();
     Output out{name, std::move(flat), target};
     const int64_t nbytes = out.flat.numel() * static_cast<int64_t>(c10::elementSize(out.wire));
     v1::TensorHeader* th = h.add_tensors();
@@ -86,10 +93,25 @@ void StepResponder::NextChunk(v1::TensorChunk* c) {
   Output& out = outputs_[output_];
   const int64_t size = static_cast<int64_t>(c10::elementSize(out.wire));
   const int64_t n = std::min(max_chunk_bytes_ / size, out.flat.numel() - element_);
-  const torch::Tensor part = out.flat.narrow(0, element_, n).to(out.wire).contiguous();
   c->set_name(out.name);
   c->set_offset(element_ * size);
-  c->set_data(static_cast<const char*>(part.data_ptr()), n * size);
+  // One pass over the bytes sent: straight from the tensor's memory into the message's string,
+  // converted on the way where the wire dtype differs (ATen's vectorised copy).
+  std::string& data = *c->mutable_data();
+  data.resize(static_cast<size_t>(n * size));
+  if (out.flat.scalar_type() == out.wire) {
+    std::memcpy(data.data(), static_cast<const char*>(out.flat.data_ptr()) + element_ * size,
+                static_cast<size_t>(n * size));
+  } else {
+    // In pieces ATen converts on the calling thread (at most GRAIN_SIZE elements): a larger copy
+    // starts an OpenMP team on this gRPC thread beside the model's, which on 2 busy cores made
+    // the bf16 conversion 25x slower (docs/benchmarks.md, issue 13).
+    const torch::Tensor to = torch::from_blob(data.data(), {n}, torch::dtype(out.wire));
+    for (int64_t done = 0; done < n; done += at::internal::GRAIN_SIZE) {
+      const int64_t m = std::min(at::internal::GRAIN_SIZE, n - done);
+      to.narrow(0, done, m).copy_(out.flat.narrow(0, element_ + done, m));
+    }
+  }
   element_ += n;
 }
 

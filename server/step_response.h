@@ -16,9 +16,9 @@ namespace praxis::serve {
 
 // The messages of one step's answer, made one at a time for a write chain with one write in
 // flight: the header, then each requested output as chunks of at most max_chunk_bytes tagged with
-// name and offset, then the trailer. Only requested outputs are kept (the rest of the batch's
-// outputs are released at Create); each chunk is converted to the wire dtype and copied from the
-// tensor's memory into its message only when it is written. Not thread-safe.
+// name and offset, then the trailer. Only requested outputs are kept (the rest of the result is
+// released at Create; each output once sent); each chunk is converted to the wire dtype and copied
+// from the tensor's memory into its message in one pass, only when it is written. Not thread-safe.
 class StepResponder {
  public:
   // InvalidArgument for max_chunk_bytes < 8 (one element of any dtype); Internal if an output
@@ -37,7 +37,7 @@ class StepResponder {
  private:
   struct Output {
     std::string name;
-    torch::Tensor flat;  // contiguous, 1-D, on the host, in the model's dtype
+    torch::Tensor flat;  // contiguous, 1-D, on the host, in the model's dtype; may view a batch
     torch::ScalarType wire;
   };
   enum class Stage { kHeader, kChunks, kTrailer, kDone };

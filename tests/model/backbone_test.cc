@@ -272,9 +272,11 @@ TEST(BackboneTest, ForwardValidatesButTheRunnerTrustsItsValidatedBatch) {
   in.text[0][0][0] = std::nan("");
   EXPECT_EQ(model->Forward(in).status().code(), absl::StatusCode::kInvalidArgument);
   BackboneStepRunner runner(std::move(model));
-  absl::StatusOr<BackboneOutput> out = runner.Run(in);
+  absl::StatusOr<BackboneOutput> out = runner.Run(in, {.embeddings = true});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(torch::isnan(out->features.embeddings).any().item<bool>());
+  EXPECT_FALSE(out->cond.defined()) << "not asked for";
+  EXPECT_FALSE(out->features.positions.defined()) << "not asked for";
 }
 
 }  // namespace

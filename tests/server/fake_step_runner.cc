@@ -123,7 +123,13 @@ model::MaskCacheStats FakeStepRunner::mask_cache_stats() const {
   return mask_stats_;
 }
 
-absl::StatusOr<model::BackboneOutput> FakeStepRunner::Run(const model::StepInputs& batch) {
+std::vector<model::OutputSelection> FakeStepRunner::wanted() const {
+  absl::MutexLock l(&mu_);
+  return wanted_;
+}
+
+absl::StatusOr<model::BackboneOutput> FakeStepRunner::Run(const model::StepInputs& batch,
+                                                          const model::OutputSelection& wanted) {
   PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config_, batch));
   absl::Duration delay;
   absl::Status fail;
@@ -133,6 +139,7 @@ absl::StatusOr<model::BackboneOutput> FakeStepRunner::Run(const model::StepInput
     // Bounded, so that a broken test cannot hang the suite.
     mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Seconds(120));
     rows_ += batch.noised.size(0);
+    wanted_.push_back(wanted);
     if (std::exchange(throw_next_, false)) throw std::runtime_error("injected failure");
     fail = std::exchange(fail_next_, absl::OkStatus());
     delay = delay_;
@@ -148,7 +155,9 @@ absl::StatusOr<model::BackboneOutput> FakeStepRunner::Run(const model::StepInput
   }
   absl::SleepFor(delay);
   PRAXIS_RETURN_IF_ERROR(fail);
-  return Outputs(config_, batch, dtype_);
+  model::BackboneOutput out = Outputs(config_, batch, dtype_);
+  model::KeepOnly(out, wanted);
+  return out;
 }
 
 }  // namespace praxis::serve::fixtures

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -28,8 +29,8 @@ struct FakeStepRunnerOptions {
 // by row from the inputs (so a caller can tell its rows from another's, and a batch answers each
 // row as that row alone would be answered): see Outputs. It can hold batches at a gate (so tests
 // can fill queues, let deadlines pass or cancel calls while a batch is known to be running), fail
-// or slow the next batches, and counts what ran. Its mask-cache stats count one lookup per batch,
-// keyed by layout. Thread-safe.
+// or slow the next batches, and counts what ran and which outputs each batch asked for. Its
+// mask-cache stats count one lookup per batch, keyed by layout. Thread-safe.
 class FakeStepRunner : public model::StepRunner {
  public:
   explicit FakeStepRunner(FakeStepRunnerOptions options = {});
@@ -56,8 +57,12 @@ class FakeStepRunner : public model::StepRunner {
   int64_t batches_entered() const;
   // Rows of the batches that passed the gate (failed and thrown ones included).
   int64_t rows_run() const;
+  // What each batch that passed the gate asked for, in order (failed and thrown ones included).
+  std::vector<model::OutputSelection> wanted() const;
 
-  absl::StatusOr<model::BackboneOutput> Run(const model::StepInputs& batch) override;
+  // The outputs `wanted` selects (as Outputs, the others undefined), after the gate and failures.
+  absl::StatusOr<model::BackboneOutput> Run(const model::StepInputs& batch,
+                                            const model::OutputSelection& wanted) override;
   const model::BackboneConfig& config() const override { return config_; }
   model::MaskCacheStats mask_cache_stats() const override;
   std::string device() const override { return device_; }
@@ -76,6 +81,7 @@ class FakeStepRunner : public model::StepRunner {
   absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   int64_t entered_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rows_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<model::OutputSelection> wanted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> layouts_ ABSL_GUARDED_BY(mu_);
   model::MaskCacheStats mask_stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "model/model_loader.h"
 #include "server/step_batch.h"
@@ -16,14 +18,14 @@ namespace {
 
 // One real forward of the valid tiny request (B = 1), as the batch runner hands it over.
 struct Answered {
-  Answered(v1::StepRequest request, int64_t batch_rows = 1) {
+  Answered(v1::StepRequest request, int64_t batch_rows = 1, int64_t row = 0) {
     model = std::move(model::LoadModel({}, {}).value().model);
     step = *DecodeStepRequest(request, model->config());
     std::vector<model::StepInputs> rows(batch_rows, step.inputs);
     std::vector<const model::StepInputs*> ptrs;
     for (const auto& r : rows) ptrs.push_back(&r);
     const model::BackboneOutput out = *model->Forward(StackSteps(ptrs));
-    result = StepResult{SliceRows(out, 0, 1), wire::LayoutKey(step.inputs), absl::Milliseconds(1),
+    result = StepResult{SliceRows(out, row, 1), wire::LayoutKey(step.inputs), absl::Milliseconds(1),
                         absl::Milliseconds(2), batch_rows};
   }
   std::unique_ptr<model::VideoBackbone> model;
@@ -79,6 +81,45 @@ TEST(StepResponderTest, ChunkBytesAreTheTensorInTheWireDtype) {
   const torch::Tensor want = a.result.output.velocity.to(torch::kBFloat16).contiguous();
   ASSERT_EQ(velocity.size(), want.nbytes());
   EXPECT_EQ(velocity, std::string(static_cast<const char*>(want.data_ptr()), want.nbytes()));
+}
+
+// Every output, in every wire dtype and at chunk limits that are not a multiple of an element,
+// arrives as the tensor's bytes converted to the wire dtype; the row is a view into a batch at a
+// non-zero offset, as a second caller's rows are.
+TEST(StepResponderTest, EveryWireDtypeAndChunkSizeSendsTheConvertedRow) {
+  v1::StepRequest request = fixtures::Valid();
+  request.mutable_outputs()->set_cond(true);
+  request.mutable_outputs()->set_positions(true);
+  for (const v1::DType wire : {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16}) {
+    request.set_wire_dtype(wire);
+    Answered a(request, /*batch_rows=*/3, /*row=*/1);
+    ASSERT_GT(a.result.output.cond.storage_offset(), 0) << "a view of the second row";
+    const torch::ScalarType target = wire == v1::FLOAT32    ? torch::kFloat32
+                                     : wire == v1::BFLOAT16 ? torch::kBFloat16
+                                                            : torch::kFloat16;
+    for (const int64_t chunk : {int64_t{9}, int64_t{1001}, int64_t{1} << 20}) {
+      auto responder = StepResponder::Create(a.result, a.step.outputs, "id", absl::Now(), chunk);
+      ASSERT_TRUE(responder.ok()) << responder.status();
+      std::map<std::string, std::string> got;
+      v1::StepResponse msg;
+      while (*responder->Next(&msg)) {
+        if (msg.has_chunk()) got[msg.chunk().name()] += msg.chunk().data();
+      }
+      const model::BackboneOutput& o = a.result.output;
+      const std::pair<std::string, torch::Tensor> want[] = {
+          {"velocity", o.velocity.to(target)},
+          {"cond", o.cond.to(target)},
+          {"tap.0", o.features.taps[0].to(target)},
+          {"tap.1", o.features.taps[1].to(target)},
+          {"positions", o.features.positions}};
+      ASSERT_EQ(got.size(), std::size(want));
+      for (const auto& [name, t] : want) {
+        const torch::Tensor c = t.contiguous();
+        EXPECT_EQ(got[name], std::string(static_cast<const char*>(c.data_ptr()), c.nbytes()))
+            << name << " wire " << wire << " chunk " << chunk;
+      }
+    }
+  }
 }
 
 TEST(StepResponderTest, RefusesAChunkLimitBelowOneElement) {
