@@ -110,24 +110,27 @@ TEST(GpuGraphTest, ForwardThatSynchronisesFallsBackToEagerOnce) {
   // (model/layers.cc): its capture must fail for that reason, cleanly, and the layout run eagerly.
   auto model = Load("", "cuda", "float32");
   ASSERT_TRUE(model);
-  StepGraphs graphs(*model, int64_t{16} << 30);
   const StepInputs in = Inputs(*model, {"", kTinyLayout, 2}, 1);
   ASSERT_TRUE(model->ForwardValidated(in).ok());  // masks and lazy state exist before measuring
   c10::cuda::CUDACachingAllocator::emptyCache();
   const int64_t reserved = ReservedBytes();
-  const absl::Status captured = graphs.Capture(in);
-  EXPECT_FALSE(captured.ok());
-  // "... when stream is capturing" (CUDA) or "... during CUDA graph capture ..." (PyTorch).
-  EXPECT_NE(std::string(captured.message()).find("captur"), std::string::npos) << captured;
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<BackboneOutput> out = graphs.Run(in);
-    ASSERT_TRUE(out.ok()) << out.status();
-    ExpectBitEqual(*out, *model->ForwardValidated(in), "eager fallback");
+  {
+    StepGraphs graphs(*model, int64_t{16} << 30);
+    const absl::Status captured = graphs.Capture(in);
+    EXPECT_FALSE(captured.ok());
+    // "... when stream is capturing" (CUDA) or "... during CUDA graph capture ..." (PyTorch).
+    EXPECT_NE(std::string(captured.message()).find("captur"), std::string::npos) << captured;
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<BackboneOutput> out = graphs.Run(in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ExpectBitEqual(*out, *model->ForwardValidated(in), "eager fallback");
+    }
+    const GraphStats s = graphs.stats();
+    EXPECT_EQ(s.capture_failures, 1);
+    EXPECT_EQ(s.cache.bytes, 0) << "a failed capture holds no buffers";
   }
-  const GraphStats s = graphs.stats();
-  EXPECT_EQ(s.capture_failures, 1);
-  EXPECT_EQ(s.cache.bytes, 0) << "a failed capture holds no buffers";
-  // The abandoned capture's pool was released: nothing stays reserved beyond what was before.
+  // The abandoned capture's pool was released: with the graphs (and the plan the failed entry
+  // kept) gone, nothing stays reserved beyond what was before.
   c10::cuda::CUDACachingAllocator::emptyCache();
   EXPECT_LE(ReservedBytes(), reserved);
 }
