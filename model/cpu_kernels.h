@@ -21,4 +21,15 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                             const torch::Tensor& cos, const torch::Tensor& sin);
 
+// silu(a) · b elementwise (the SwiGLU gate), read and written in one pass: a, b CPU tensors of one
+// shape and dtype, any strides (the gate and up halves of one projection are served as views).
+// Returns a contiguous tensor of that shape and dtype.
+torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
+
+// out[rows[i]] += weights[i] · y[i] for every row i of y: one expert's weighted outputs combined
+// into the MoE's float32 sum. out: contiguous float32 [N, d]; rows: int64 [n], distinct (threads
+// write rows concurrently) and each in [0, N); weights: float32 [n]; y: [n, d], any float dtype.
+void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
+                     const torch::Tensor& y);
+
 }  // namespace praxis::model::cpu

@@ -90,10 +90,19 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope) {
   return (xf * cos + rotated * sin).to(x.scalar_type());
 }
 
+namespace {
+
+// silu(gate) · up, in one pass on the CPU.
+torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
+  return gate.is_cuda() ? torch::silu(gate) * up : cpu::SiluMul(gate, up);
+}
+
+}  // namespace
+
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
-  return torch::linear(torch::silu(torch::linear(xd, a)) * torch::linear(xd, b), down);
+  return torch::linear(SiluMul(torch::linear(xd, a), torch::linear(xd, b)), down);
 }
 
 namespace {
@@ -102,7 +111,7 @@ namespace {
 torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
                           const torch::Tensor& down) {
   const auto gu = torch::matmul(x, gate_up).chunk(2, -1);
-  return torch::matmul(torch::silu(gu[0]) * gu[1], down);
+  return torch::matmul(SiluMul(gu[0], gu[1]), down);
 }
 
 // The routing of one MoE block: each token's top_k experts and their combine weights, and the
@@ -138,8 +147,13 @@ torch::Tensor LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k) 
   for (int64_t e = 0; e < counts.numel(); ++e) {
     if (n[e] == 0) continue;
     const torch::Tensor y = FusedExpert(r.routed_x.narrow(0, begin, n[e]), w.gate_up[e], w.down[e]);
-    out.index_add_(0, tokens.narrow(0, begin, n[e]),
-                   routed_w.narrow(0, begin, n[e]) * y.to(torch::kFloat32));
+    if (out.is_cuda()) {
+      out.index_add_(0, tokens.narrow(0, begin, n[e]),
+                     routed_w.narrow(0, begin, n[e]) * y.to(torch::kFloat32));
+    } else {
+      cpu::AddWeightedRows(out, tokens.narrow(0, begin, n[e]),
+                           routed_w.narrow(0, begin, n[e]).flatten(), y);
+    }
     begin += n[e];
   }
   return out;
@@ -153,7 +167,7 @@ torch::Tensor GroupedExperts(const Routing& r, const MoeWeights& w, int64_t top_
   const torch::Tensor ends =
       torch::searchsorted(r.sorted_experts, experts, /*out_int32=*/true, /*right=*/true);
   const auto gu = at::_grouped_mm(r.routed_x, w.gate_up, ends).chunk(2, -1);
-  const torch::Tensor y = at::_grouped_mm(torch::silu(gu[0]) * gu[1], w.down, ends);
+  const torch::Tensor y = at::_grouped_mm(SiluMul(gu[0], gu[1]), w.down, ends);
   // Back to (token, slot) order by the permutation (each row written once, so deterministic,
   // unlike an atomic scatter-add: a graph replay equals eager bit for bit), then the weighted sum.
   const int64_t n = r.weights.size(0), dim = y.size(1);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <thread>
 
 #include "model/attention.h"
@@ -36,8 +37,7 @@ TEST(CpuKernelsTest, RmsNormEqualsTheAtenFormulaInEveryDtype) {
     EXPECT_EQ(got.scalar_type(), dt);
     EXPECT_EQ(got.sizes(), x.sizes());
     // One rounding of the result in bf16/fp16 may land one unit apart.
-    EXPECT_LE(MaxAbsDiff(got, AtenRmsNorm(x, w, 1e-6)), dt == torch::kFloat32 ? 1e-5 : 0.05)
-        << dt;
+    EXPECT_LE(MaxAbsDiff(got, AtenRmsNorm(x, w, 1e-6)), dt == torch::kFloat32 ? 1e-5 : 0.05) << dt;
   }
 }
 
@@ -48,10 +48,8 @@ TEST(CpuKernelsTest, NormRopeHeadsEqualsNormThenRotaryThenTranspose) {
   const torch::Tensor packed = torch::randn({b, t, 2 * h * hd + 5});
   const torch::Tensor x = packed.narrow(2, 5, h * hd).view({b, t, h, hd});
   const torch::Tensor w = torch::randn({hd});
-  const RopeTables rope =
-      MakeRopeTables(VideoPositions(1, t, 1, 7) * 31, hd, 10000.0, torch::kCPU);
-  const torch::Tensor want =
-      ApplyRope(AtenRmsNorm(x, w, 1e-6), rope).transpose(1, 2).contiguous();
+  const RopeTables rope = MakeRopeTables(VideoPositions(1, t, 1, 7) * 31, hd, 10000.0, torch::kCPU);
+  const torch::Tensor want = ApplyRope(AtenRmsNorm(x, w, 1e-6), rope).transpose(1, 2).contiguous();
   const torch::Tensor got = cpu::NormRopeHeads(x, NormWeight(w), 1e-6, rope.cos, rope.sin);
   EXPECT_TRUE(got.is_contiguous());
   EXPECT_EQ(got.sizes(), torch::IntArrayRef({b, h, t, hd}));
@@ -70,9 +68,61 @@ TEST(CpuKernelsTest, KernelsRefuseWhatTheyWereNotWrittenFor) {
                c10::Error);
 }
 
+TEST(CpuKernelsTest, SiluMulEqualsSiluTimesUpInEveryDtype) {
+  torch::manual_seed(2);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    // The gate and up halves of one projection: strided views. Values reach past exp's clamps.
+    const torch::Tensor gu = (torch::randn({3, 45, 2 * 37}) * 40).to(dt);
+    const auto halves = gu.chunk(2, -1);
+    const torch::Tensor want =
+        (torch::silu(halves[0].to(torch::kFloat32)) * halves[1].to(torch::kFloat32));
+    const torch::Tensor got = cpu::SiluMul(halves[0], halves[1]);
+    EXPECT_EQ(got.scalar_type(), dt);
+    EXPECT_TRUE(got.is_contiguous());
+    EXPECT_EQ(got.sizes(), halves[0].sizes());
+    // float32: a few ulps of the product; bf16/fp16: one rounding of the result (fp16's subnormal
+    // results: half its smallest step).
+    const double rel = dt == torch::kFloat32 ? 4e-7 : (dt == torch::kBFloat16 ? 8e-3 : 1e-3);
+    const double floor = dt == torch::kFloat16 ? 3.1e-8 : 1e-37;
+    const torch::Tensor excess = (got.to(torch::kFloat32) - want).abs() - rel * want.abs();
+    const int64_t at = excess.flatten().argmax().item<int64_t>();
+    EXPECT_LE(excess.max().item<double>(), floor)
+        << dt << " gate " << halves[0].flatten()[at].item<float>() << " up "
+        << halves[1].contiguous().flatten()[at].item<float>() << " got "
+        << got.flatten()[at].item<float>() << " want " << want.flatten()[at].item<float>();
+  }
+  // A NaN gate stays NaN; infinities of the product are not turned into finite values.
+  const torch::Tensor a = torch::tensor({NAN, -200.0f, 200.0f, 0.0f});
+  const torch::Tensor y = cpu::SiluMul(a, torch::ones({4}));
+  EXPECT_TRUE(std::isnan(y[0].item<float>()));
+  EXPECT_FLOAT_EQ(y[1].item<float>(), 0.0f);
+  EXPECT_FLOAT_EQ(y[2].item<float>(), 200.0f);
+  EXPECT_FLOAT_EQ(y[3].item<float>(), 0.0f);
+  const torch::Tensor nan_bf16 =
+      cpu::SiluMul(a.to(torch::kBFloat16), torch::ones({4}, torch::kBFloat16));
+  EXPECT_TRUE(std::isnan(nan_bf16[0].item<float>()));
+}
+
+TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
+  torch::manual_seed(3);
+  const torch::Tensor rows = torch::tensor({7, 0, 3, 9, 4}, torch::kInt64);
+  const torch::Tensor w = torch::rand({5});
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor y = torch::randn({5, 33}).to(dt);
+    torch::Tensor out = torch::randn({10, 33});
+    const torch::Tensor want =
+        out.clone().index_add_(0, rows, w.unsqueeze(1) * y.to(torch::kFloat32));
+    cpu::AddWeightedRows(out, rows, w, y);
+    EXPECT_LE(MaxAbsDiff(out, want), 1e-6) << dt;
+  }
+  torch::Tensor out = torch::zeros({4, 33});
+  EXPECT_THROW(cpu::AddWeightedRows(out, torch::tensor({4}, torch::kInt64), torch::ones({1}),
+                                    torch::ones({1, 33})),
+               c10::Error);
+}
+
 // An encoder layout's plan on a block size small enough that it has several groups.
-AttentionPlan Plan(const WindowLayout& layout, int64_t block, MaskRule* rule_out,
-                   int64_t* length) {
+AttentionPlan Plan(const WindowLayout& layout, int64_t block, MaskRule* rule_out, int64_t* length) {
   const MaskKey key = EncoderMaskKey(layout, block);
   TokenTags tags = *WindowTags(key.slots, key.chunk_size);
   const MaskRule rule = ChunkCausalRule(tags);
@@ -134,8 +184,7 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
             std::string::npos);
   EXPECT_FALSE(slow);
   const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow).find("AMX tiles"),
-            std::string::npos);
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow).find("AMX tiles"), std::string::npos);
   EXPECT_FALSE(slow);
 }
 
