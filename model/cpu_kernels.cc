@@ -6,6 +6,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -121,8 +122,10 @@ void Store(const float* src, T* dst, int64_t n) {
 // scaled by 2·2^(n-1) so that n = 128 (x up to 88.72) stays finite. It overflows to +inf past
 // float's range as expf does (so silu of a very negative x is -0, as ATen's); below -86 it stays
 // at e^-86, where 1 + e^x is 1 (silu of a very positive x is x exactly).
-inline float VecExp(float x) {
-  x = x < -86.0f ? -86.0f : (x > 89.0f ? 89.0f : x);
+// `lo` and `hi` are -86 and 89, passed in at run time: given constants, GCC splits the caller's
+// loop by the clamp's ranges into three masked paths with a division each (3x the divisions).
+inline float VecExp(float x, float lo, float hi) {
+  x = std::min(std::max(x, lo), hi);
   constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
   const float t = x * 1.44269504088896341f + kMagic;
   const float n = t - kMagic;
@@ -141,9 +144,12 @@ inline float VecExp(float x) {
 }
 
 // a[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN.
+volatile float exp_clamp_lo = -86.0f, exp_clamp_hi = 89.0f;
+
 PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
+  const float lo = exp_clamp_lo, hi = exp_clamp_hi;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + VecExp(-a[i])) * b[i];
+  for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + VecExp(-a[i], lo, hi)) * b[i];
 }
 
 // out[i] += w · y[i].
