@@ -9,6 +9,7 @@
 #include "model/layers.h"
 #include "model/towers.h"
 #include "model/weight_binding.h"
+#include "wire/layout_key.h"
 
 namespace praxis::model {
 namespace {
@@ -53,7 +54,8 @@ VideoBackbone::VideoBackbone(BackboneConfig config, BackboneOptions options,
     : config_(std::move(config)),
       options_(options),
       w_(std::move(w)),
-      mask_cache_(options.mask_cache_entries, options.mask_cache_bytes) {}
+      mask_cache_(options.mask_cache_entries, options.mask_cache_bytes),
+      plans_("a layout plan", options.mask_cache_entries, options.mask_cache_bytes) {}
 
 VideoBackbone::~VideoBackbone() = default;
 
@@ -83,7 +85,12 @@ absl::StatusOr<BackboneOutput> VideoBackbone::Forward(const StepInputs& inputs) 
 }
 
 absl::StatusOr<BackboneOutput> VideoBackbone::ForwardValidated(const StepInputs& inputs) {
-  PRAXIS_ASSIGN_OR_RETURN(const LayoutPlan plan, PlanLayout(inputs));
+  PRAXIS_ASSIGN_OR_RETURN(const std::shared_ptr<const LayoutPlan> plan, PlanLayout(inputs));
+  return ForwardPlanned(inputs, *plan);
+}
+
+absl::StatusOr<BackboneOutput> VideoBackbone::ForwardPlanned(const StepInputs& inputs,
+                                                             const LayoutPlan& plan) const {
   PRAXIS_ASSIGN_OR_RETURN(const StepInputs in, OnDevice(inputs));
   try {
     return RunPlanned(in, plan);
@@ -123,7 +130,11 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> VideoBackbone::Mask(const MaskK
   });
 }
 
-absl::StatusOr<LayoutPlan> VideoBackbone::PlanLayout(const StepInputs& in) {
+absl::StatusOr<std::shared_ptr<const LayoutPlan>> VideoBackbone::PlanLayout(const StepInputs& in) {
+  return plans_.Get(wire::LayoutKey(in), [&] { return BuildPlan(in); });
+}
+
+absl::StatusOr<LayoutPlan> VideoBackbone::BuildPlan(const StepInputs& in) {
   const BackboneConfig& c = config_;
   const torch::Device dev = options_.device;
   LayoutPlan plan;
@@ -167,6 +178,9 @@ BackboneOutput VideoBackbone::RunPlanned(const StepInputs& in, const LayoutPlan&
 
 int64_t LayoutPlan::nbytes() const {
   int64_t n = positions.defined() ? positions.nbytes() : 0;
+  for (const auto* m : {enc_mask.get(), dec_mask.get()}) {
+    if (m != nullptr) n += m->nbytes();
+  }
   for (const RopeTables* r : {&enc_rope, &dec_rope}) {
     if (r->cos.defined()) n += r->cos.nbytes() + r->sin.nbytes();
   }

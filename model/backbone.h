@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/shared_lru_cache.h"
 #include "model/attention.h"
 #include "model/config.h"
 #include "model/layers.h"
@@ -26,7 +27,8 @@ namespace praxis::model {
 struct BackboneWeights;  // model/towers.h
 using TensorMap = std::unordered_map<std::string, torch::Tensor>;
 
-// How a backbone runs: its device, attention path and mask-cache size.
+// How a backbone runs: its device, attention path and mask-cache size (which also bounds the
+// cache of layout plans).
 struct BackboneOptions {
   torch::Device device = torch::kCPU;
   AttentionMode attention = AttentionMode::kSparse;
@@ -79,9 +81,15 @@ class VideoBackbone {
   // `inputs` with every tensor on options().device (through pinned memory from the host on CUDA);
   // Internal if a copy fails.
   absl::StatusOr<StepInputs> OnDevice(const StepInputs& inputs) const;
-  // The plan of a validated step's layout (only shapes, decode and rope shifts are read); builds
-  // or finds both towers' masks. Internal for a LibTorch failure, or a mask build's error.
-  absl::StatusOr<LayoutPlan> PlanLayout(const StepInputs& inputs);
+  // The plan of a validated step's layout (only shapes, decode and rope shifts are read), cached
+  // by layout key (wire::LayoutKey): built once per layout (masks found or built, rotary tables
+  // computed — per step they took a fifth of a small layout's CPU step), then shared. Internal
+  // for a LibTorch failure, or a mask build's error (neither cached).
+  absl::StatusOr<std::shared_ptr<const LayoutPlan>> PlanLayout(const StepInputs& inputs);
+  // OnDevice, then RunPlanned on `plan` (the plan of `inputs`' layout), errors as statuses: what
+  // ForwardValidated runs after planning, and what a runner that already holds the plan runs.
+  absl::StatusOr<BackboneOutput> ForwardPlanned(const StepInputs& inputs,
+                                                const LayoutPlan& plan) const;
   // Both towers over `in` (validated, on the device, of `plan`'s layout): device work only, so on
   // CUDA it queues kernels and returns without waiting for them. Positions come from the plan, on
   // the host. Throws on a LibTorch failure; the caller turns that into a status.
@@ -91,11 +99,15 @@ class VideoBackbone {
   const BackboneOptions& options() const { return options_; }
   MaskCache& mask_cache() { return mask_cache_; }
   const MaskCache& mask_cache() const { return mask_cache_; }
+  // Hits, misses and size of the layout-plan cache.
+  CacheStats plan_cache_stats() const { return plans_.stats(); }
   // The dtype of the parameters (and of the float outputs).
   torch::ScalarType dtype() const;
 
  private:
   VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w);
+  // PlanLayout's builder: masks from the mask cache, tables computed.
+  absl::StatusOr<LayoutPlan> BuildPlan(const StepInputs& inputs);
   // The cached mask (and attention plan or dense mask) of a tower layout.
   absl::StatusOr<std::shared_ptr<const TowerMask>> Mask(const MaskKey& key);
 
@@ -103,6 +115,7 @@ class VideoBackbone {
   const BackboneOptions options_;
   std::unique_ptr<BackboneWeights> w_;
   MaskCache mask_cache_;
+  SharedLruCache<std::string, LayoutPlan> plans_;  // by wire::LayoutKey
 };
 
 }  // namespace praxis::model

@@ -106,7 +106,7 @@ void StepGraphs::CaptureInto(CapturedStep& s) {
   // One eager run on the capture stream first, as PyTorch's make_graphed_callables does: lazy
   // initialisation (cuBLAS handles and workspaces, kernel selection) must not happen in capture.
   WaitFor(stream, current);
-  model_.RunPlanned(s.inputs, s.plan);
+  model_.RunPlanned(s.inputs, *s.plan);
   stream.synchronize();
   // The allocator cannot free cached blocks while a capture is under way: free them now (this
   // also makes the pool's byte count below exact).
@@ -116,7 +116,7 @@ void StepGraphs::CaptureInto(CapturedStep& s) {
   auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
   try {
     graph->capture_begin(pool, cudaStreamCaptureModeGlobal);
-    s.outputs = model_.RunPlanned(s.inputs, s.plan);
+    s.outputs = model_.RunPlanned(s.inputs, *s.plan);
     graph->capture_end();
   } catch (...) {
     s.outputs = BackboneOutput();
@@ -125,7 +125,7 @@ void StepGraphs::CaptureInto(CapturedStep& s) {
   }
   // Apart from the capture: if instantiating throws, the graph's own reset releases its pool once.
   graph->instantiate();
-  s.bytes += ReservedBytes(device_) - before + s.plan.nbytes();
+  s.bytes += ReservedBytes(device_) - before + s.plan->nbytes();
   s.graph = std::move(graph);
 }
 
@@ -188,21 +188,12 @@ void StepGraphs::Stage(const StepInputs& batch, const CapturedStep& s) {
   WaitFor(compute, copy);
 }
 
-absl::StatusOr<BackboneOutput> StepGraphs::Eager(const StepInputs& batch, const LayoutPlan& plan) {
-  PRAXIS_ASSIGN_OR_RETURN(const StepInputs in, model_.OnDevice(batch));
-  try {
-    return model_.RunPlanned(in, plan);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("forward failed: ", e.what()));
-  }
-}
-
 absl::StatusOr<BackboneOutput> StepGraphs::Run(const StepInputs& batch) {
   absl::StatusOr<std::shared_ptr<const CapturedStep>> got = Get(batch);
   if (absl::IsResourceExhausted(got.status())) return model_.ForwardValidated(batch);
   PRAXIS_RETURN_IF_ERROR(got.status());
   const CapturedStep& s = **got;
-  if (s.graph == nullptr) return Eager(batch, s.plan);
+  if (s.graph == nullptr) return model_.ForwardPlanned(batch, *s.plan);
   try {
     const c10::cuda::CUDAGuard device_guard(device_);
     Stage(batch, s);

@@ -32,14 +32,14 @@ struct CapturedStep {
   CapturedStep(CapturedStep&&) noexcept;
   ~CapturedStep();
 
-  LayoutPlan plan;
+  std::shared_ptr<const LayoutPlan> plan;
   StepInputs inputs;                             // on the device
   StepInputs staging;                            // pinned host tensors of the same shapes
   std::unique_ptr<c10::cuda::CUDAEvent> staged;  // recorded after the copies out of `staging`
   BackboneOutput outputs;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::string failure;
-  // Device bytes it holds: the static inputs, the graph's memory pool and the plan's tables.
+  // Bytes it holds: the static inputs, the graph's memory pool and its plan (LayoutPlan::nbytes).
   int64_t bytes = 0;
 
   int64_t nbytes() const { return bytes; }
@@ -88,8 +88,6 @@ class StepGraphs {
   // Copies `batch` into `s`'s static inputs through its staging buffers, on the copy stream that
   // the current stream then waits for.
   void Stage(const StepInputs& batch, const CapturedStep& s);
-  // `batch` eagerly on the cached plan of a layout whose capture failed.
-  absl::StatusOr<BackboneOutput> Eager(const StepInputs& batch, const LayoutPlan& plan);
 
   struct Streams;  // the capture and copy streams, made once (model/step_graphs.cc)
 

@@ -189,13 +189,24 @@ TEST(BackboneTest, RowOfABatchEqualsTheSameInputRunAlone) {
   }
 }
 
-TEST(BackboneTest, ALayoutSeenBeforeBuildsNoMask) {
+TEST(BackboneTest, ALayoutSeenBeforeBuildsNothing) {
   auto model = LoadTiny(AttentionMode::kSparse);
   ASSERT_NE(model, nullptr);
   ASSERT_TRUE(model->Forward(RandomStep(1, 2, 1, 3, 3, 4, 1)).ok());
   const MaskCacheStats first = model->mask_cache().stats();
   EXPECT_EQ(first.misses, 2) << "one encoder and one decoder mask";
+  EXPECT_EQ(model->plan_cache_stats().misses, 1);
+  // Same layout, other rows and values: the plan is found, and with it its masks.
   ASSERT_TRUE(model->Forward(RandomStep(2, 2, 1, 3, 3, 4, 2)).ok());
+  EXPECT_EQ(model->mask_cache().stats().misses, 2);
+  EXPECT_EQ(model->mask_cache().stats().hits, first.hits);
+  EXPECT_EQ(model->plan_cache_stats().misses, 1);
+  EXPECT_EQ(model->plan_cache_stats().hits, 1);
+  // Another rope shift is another plan (its rotary tables differ) over the same masks.
+  StepInputs shifted = RandomStep(1, 2, 1, 3, 3, 4, 3);
+  shifted.rope_shifts[2] = 7;
+  ASSERT_TRUE(model->Forward(shifted).ok());
+  EXPECT_EQ(model->plan_cache_stats().misses, 2);
   EXPECT_EQ(model->mask_cache().stats().misses, 2);
   EXPECT_EQ(model->mask_cache().stats().hits, first.hits + 2);
 }
@@ -206,13 +217,13 @@ TEST(BackboneTest, RunPlannedReadsOnlyItsPlanAndEqualsTheForward) {
   auto model = LoadTiny(AttentionMode::kSparse);
   ASSERT_NE(model, nullptr);
   const StepInputs first = RandomStep(2, 2, 1, 3, 3, 4, 1);
-  absl::StatusOr<LayoutPlan> plan = model->PlanLayout(first);
+  absl::StatusOr<std::shared_ptr<const LayoutPlan>> plan = model->PlanLayout(first);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_GT(plan->nbytes(), 0);
+  EXPECT_GT((*plan)->nbytes(), 0);
   const MaskCacheStats planned = model->mask_cache().stats();
   for (uint64_t seed : {1, 2}) {
     const StepInputs in = RandomStep(2, 2, 1, 3, 3, 4, seed);
-    const BackboneOutput run = model->RunPlanned(in, *plan);
+    const BackboneOutput run = model->RunPlanned(in, **plan);
     absl::StatusOr<BackboneOutput> forward = model->Forward(in);
     ASSERT_TRUE(forward.ok()) << forward.status();
     const auto got = NamedOutputs(run), want = NamedOutputs(*forward);
@@ -222,9 +233,11 @@ TEST(BackboneTest, RunPlannedReadsOnlyItsPlanAndEqualsTheForward) {
       EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << got[i].first << " seed " << seed;
     }
   }
-  // Only the two Forward calls looked masks up (two towers each); RunPlanned none.
-  EXPECT_EQ(model->mask_cache().stats().hits, planned.hits + 4);
+  // The two Forward calls found the plan (no mask lookups); RunPlanned looked nothing up.
+  EXPECT_EQ(model->mask_cache().stats().hits, planned.hits);
   EXPECT_EQ(model->mask_cache().stats().misses, planned.misses);
+  EXPECT_EQ(model->plan_cache_stats().hits, 2);
+  EXPECT_EQ(model->plan_cache_stats().misses, 1);
 }
 
 TEST(BackboneTest, InvalidInputsNameTheField) {
