@@ -152,6 +152,12 @@ PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + VecExp(-a[i], lo, hi)) * b[i];
 }
 
+// x[i] *= s.
+PRAXIS_ISA_CLONES void ScaleBy(float* x, float s, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 // out[i] += w · y[i].
 PRAXIS_ISA_CLONES void AxpyRow(float* out, float w, const float* y, int64_t n) {
 #pragma omp simd
@@ -299,6 +305,38 @@ void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch:
                        }
                      });
   });
+}
+
+torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate_in) {
+  TORCH_CHECK(!o.is_cuda() && o.dim() == 4 && o.stride(3) == 1 && gate_in.dim() == 3 &&
+                  gate_in.size(0) == o.size(0) && gate_in.size(1) == o.size(2) &&
+                  gate_in.size(2) == o.size(1),
+              "cpu::GateHeads: expected CPU heads [B, H, T, hd] with unit last stride and gate "
+              "logits [B, T, H]");
+  RECORD_FUNCTION("praxis::gate_heads", std::vector<c10::IValue>());
+  const int64_t b = o.size(0), h = o.size(1), t = o.size(2), hd = o.size(3);
+  // sigmoid(gate) once per (token, head), in float32: [B·T, H], contiguous.
+  const torch::Tensor gate = torch::sigmoid(gate_in.to(torch::kFloat32)).contiguous();
+  torch::Tensor y = torch::empty({b, t, h * hd}, o.options());
+  const int64_t sb = o.stride(0), sh = o.stride(1), st = o.stride(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, o.scalar_type(), "GateHeads", [&] {
+    const scalar_t* src = o.data_ptr<scalar_t>();
+    scalar_t* dst = y.data_ptr<scalar_t>();
+    const float* gp = gate.data_ptr<float>();
+    at::parallel_for(0, b * t, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(h * hd, 1)),
+                     [&](int64_t a, int64_t e) {
+                       std::vector<float> buf(hd);
+                       for (int64_t bt = a; bt < e; ++bt) {
+                         const int64_t bi = bt / t, ti = bt % t;
+                         for (int64_t hi = 0; hi < h; ++hi) {
+                           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
+                           ScaleBy(buf.data(), gp[bt * h + hi], hd);
+                           Store(buf.data(), dst + (bt * h + hi) * hd, hd);
+                         }
+                       }
+                     });
+  });
+  return y;
 }
 
 }  // namespace praxis::model::cpu

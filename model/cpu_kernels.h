@@ -32,4 +32,9 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
                      const torch::Tensor& y);
 
+// The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
+// h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits, any strides and
+// float dtype (sliced from the stacked projection). Returns a contiguous [B, T, H·hd] of o's dtype.
+torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate);
+
 }  // namespace praxis::model::cpu

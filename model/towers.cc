@@ -1,9 +1,9 @@
 #include "model/towers.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
 #include <utility>
-
-#include <ATen/record_function.h>
 
 #include "model/attention.h"
 #include "model/cpu_kernels.h"
@@ -65,6 +65,7 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
     o = ctx.mode == AttentionMode::kSparse ? SparseAttention(q, k, v, ctx.mask.plan, scale)
                                            : DenseAttention(q, k, v, ctx.mask.dense, scale);
   }
+  if (!o.is_cuda()) return Linear(cpu::GateHeads(o, qkvg[3]), bw.out_w, bw.out_b);
   const torch::Tensor g = torch::sigmoid(qkvg[3]);
   o = (o.transpose(1, 2) * g.unsqueeze(-1)).reshape({b, t, c.num_heads * hd});
   return Linear(o, bw.out_w, bw.out_b);

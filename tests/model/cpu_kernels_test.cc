@@ -121,6 +121,34 @@ TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
                c10::Error);
 }
 
+TEST(CpuKernelsTest, GateHeadsEqualsTransposeTimesSigmoidInEveryDtype) {
+  torch::manual_seed(4);
+  const int64_t b = 2, h = 3, t = 11, hd = 16;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    // o as the flash kernel returns it ([B, T, H, hd] in memory, seen as [B, H, T, hd]) and as
+    // the tile groups fill it (contiguous [B, H, T, hd]); the gate a strided slice.
+    const torch::Tensor o_bthd = torch::randn({b, t, h, hd}).to(dt).transpose(1, 2);
+    const torch::Tensor o_bhtd = o_bthd.contiguous();
+    const torch::Tensor packed = (4 * torch::randn({b, t, h + 7})).to(dt);
+    const torch::Tensor gate = packed.narrow(2, 7, h);
+    for (const torch::Tensor& o : {o_bthd, o_bhtd}) {
+      const torch::Tensor want = (o.to(torch::kFloat32).transpose(1, 2) *
+                                  torch::sigmoid(gate.to(torch::kFloat32)).unsqueeze(-1))
+                                     .reshape({b, t, h * hd});
+      const torch::Tensor got = cpu::GateHeads(o, gate);
+      EXPECT_EQ(got.scalar_type(), dt);
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_EQ(got.sizes(), want.sizes());
+      // float32: an ulp or two of the product; bf16/fp16: one rounding of the result.
+      const double rel = dt == torch::kFloat32 ? 1e-6 : (dt == torch::kBFloat16 ? 8e-3 : 1e-3);
+      EXPECT_LE(((got.to(torch::kFloat32) - want).abs() - rel * want.abs()).max().item<double>(),
+                1e-7)
+          << dt;
+    }
+  }
+  EXPECT_THROW(cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 3})), c10::Error);
+}
+
 // An encoder layout's plan on a block size small enough that it has several groups.
 AttentionPlan Plan(const WindowLayout& layout, int64_t block, MaskRule* rule_out, int64_t* length) {
   const MaskKey key = EncoderMaskKey(layout, block);
