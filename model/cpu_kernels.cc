@@ -248,7 +248,7 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
   RECORD_FUNCTION("praxis::silu_mul", std::vector<c10::IValue>());
   const int64_t n = a_in.size(-1);
   // Rows of a view (the gate and up halves of one projection) keep their stride: no copy.
-  auto rows_of = [n](const torch::Tensor& t) {
+  auto rows_of = [](const torch::Tensor& t) {
     torch::Tensor r = t.dim() == 1 ? t.unsqueeze(0) : t.flatten(0, -2);
     return r.stride(1) == 1 ? r : r.contiguous();
   };
