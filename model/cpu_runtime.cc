@@ -25,10 +25,12 @@ void DefaultToOneIntraOpThread() {
 }
 
 void SetIntraOpThreadsOfThisThread(int threads) {
-  // LibTorch sets a thread up at its first parallel op (get_num_threads runs that set-up inside
-  // libtorch; the inline lazy_init in its header keeps a flag of our own binary's): first, so
-  // that it cannot undo what follows.
+  // LibTorch sets a thread up to the process default at its first parallel op, once per copy of
+  // its inline lazy_init_num_threads: libtorch's own (get_num_threads runs it) and ours, in the
+  // at::parallel_for of model/cpu_kernels. Both first, so that neither undoes what follows (ours
+  // did: served steps ran on one core).
   (void)at::get_num_threads();
+  at::internal::lazy_init_num_threads();
   omp_set_num_threads(threads);
   MKL_Set_Num_Threads_Local(threads);
 }

@@ -189,6 +189,9 @@ TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
   int worker = 0, other = 0;
   std::thread([&] {
     SetIntraOpThreadsOfThisThread(2);
+    // The first parallel loop of a fused kernel (our binary's copy of ATen's lazy set-up) must
+    // not reset it to the process default: it once did, and served steps ran on one core.
+    (void)cpu::RmsNorm(torch::randn({64, 512}), torch::ones({512}), 1e-6);
     worker = at::get_num_threads();
   }).join();
   std::thread([&] { other = at::get_num_threads(); }).join();
