@@ -181,7 +181,8 @@ def model_info(model, config_json: str, name: str, a: argparse.Namespace) -> "pb
     n_taps = len(model.cfg.encoder.tap_blocks)
     return pb.ModelInfo(config_json=config_json, dtype=str(model.encoder.dtype).replace("torch.", ""),
                         device="cpu", model=name, max_batch_rows=a.max_batch_size,
-                        max_chunk_bytes=a.max_chunk_bytes,
+                        max_chunk_bytes=a.max_chunk_bytes, text_dim=model.cfg.text_dim,
+                        latent_channels=model.cfg.latent_channels,
                         outputs=["velocity", "cond", "embeddings", "positions"] +
                         [f"tap.{i}" for i in range(n_taps)])
 
