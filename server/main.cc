@@ -57,7 +57,8 @@ ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
 ABSL_FLAG(int32_t, threads, 0,
           "LibTorch intra-op threads of the thread that runs the model (every other thread uses "
           "one); 0: LibTorch's default, the number of cores");
-ABSL_FLAG(int64_t, mask_cache_entries, 64, "tower layouts whose masks stay cached");
+ABSL_FLAG(int64_t, mask_cache_entries, 64,
+          "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
           "bytes the cached masks and attention plans may hold (least recently used evicted)");
 ABSL_FLAG(int64_t, max_batch_size, 8, "a batch closes at this many rows");
