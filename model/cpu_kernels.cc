@@ -143,9 +143,10 @@ inline float VecExp(float x, float lo, float hi) {
   return (er * 2.0f) * scale;
 }
 
-// a[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN.
+// VecExp's clamp bounds, read once per row (see VecExp).
 volatile float exp_clamp_lo = -86.0f, exp_clamp_hi = 89.0f;
 
+// a[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN.
 PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
   const float lo = exp_clamp_lo, hi = exp_clamp_hi;
 #pragma omp simd
