@@ -174,6 +174,11 @@ void NormalizeRow(float* x, const float* w, int64_t n, double eps) {
 // Rows of at least this many elements in all are split across threads.
 constexpr int64_t kGrainElements = 16384;
 
+// at::parallel_for's grain for rows of `row_elements` each: at least one row.
+int64_t RowGrain(int64_t row_elements) {
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(row_elements, 1));
+}
+
 }  // namespace
 
 torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps) {
@@ -190,7 +195,7 @@ torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, do
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
     const float* wp = w.data_ptr<float>();
-    at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t a, int64_t b) {
+    at::parallel_for(0, rows, RowGrain(n), [&](int64_t a, int64_t b) {
       std::vector<float> buf(n);
       for (int64_t r = a; r < b; ++r) {
         Load(src + r * n, buf.data(), n);
@@ -223,21 +228,19 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
     const float* wp = weight.defined() ? weight.data_ptr<float>() : nullptr;
     const float* cp = cos.data_ptr<float>();
     const float* sp = sin.data_ptr<float>();
-    at::parallel_for(0, b * t, std::max<int64_t>(1, kGrainElements / (h * hd)),
-                     [&](int64_t a, int64_t e) {
-                       std::vector<float> buf(h * hd);
-                       for (int64_t bt = a; bt < e; ++bt) {
-                         const int64_t bi = bt / t, ti = bt % t;
-                         for (int64_t hi = 0; hi < h; ++hi) {
-                           Load(src + bi * sb + ti * st + hi * sh, buf.data() + hi * hd, hd);
-                         }
-                         NormRopeToken(buf.data(), h, hd, wp, static_cast<float>(eps), cp + ti * hd,
-                                       sp + ti * hd);
-                         for (int64_t hi = 0; hi < h; ++hi) {
-                           Store(buf.data() + hi * hd, dst + ((bi * h + hi) * t + ti) * hd, hd);
-                         }
-                       }
-                     });
+    at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
+      std::vector<float> buf(h * hd);
+      for (int64_t bt = a; bt < e; ++bt) {
+        const int64_t bi = bt / t, ti = bt % t;
+        for (int64_t hi = 0; hi < h; ++hi) {
+          Load(src + bi * sb + ti * st + hi * sh, buf.data() + hi * hd, hd);
+        }
+        NormRopeToken(buf.data(), h, hd, wp, static_cast<float>(eps), cp + ti * hd, sp + ti * hd);
+        for (int64_t hi = 0; hi < h; ++hi) {
+          Store(buf.data() + hi * hd, dst + ((bi * h + hi) * t + ti) * hd, hd);
+        }
+      }
+    });
   });
   return y;
 }
@@ -261,16 +264,15 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
     const scalar_t* ap = a.data_ptr<scalar_t>();
     const scalar_t* bp = b.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(n, 1)),
-                     [&](int64_t r0, int64_t r1) {
-                       std::vector<float> fa(n), fb(n);
-                       for (int64_t r = r0; r < r1; ++r) {
-                         Load(ap + r * sa, fa.data(), n);
-                         Load(bp + r * sb, fb.data(), n);
-                         SiluMulRow(fa.data(), fb.data(), n);
-                         Store(fa.data(), dst + r * n, n);
-                       }
-                     });
+    at::parallel_for(0, rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
+      std::vector<float> fa(n), fb(n);
+      for (int64_t r = r0; r < r1; ++r) {
+        Load(ap + r * sa, fa.data(), n);
+        Load(bp + r * sb, fb.data(), n);
+        SiluMulRow(fa.data(), fb.data(), n);
+        Store(fa.data(), dst + r * n, n);
+      }
+    });
   });
   return y;
 }
@@ -297,14 +299,13 @@ void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch:
     const float* wp = w.data_ptr<float>();
     float* op = out.data_ptr<float>();
     // Rows are distinct (one expert's tokens), so threads never write the same row.
-    at::parallel_for(0, n, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(d, 1)),
-                     [&](int64_t r0, int64_t r1) {
-                       std::vector<float> buf(d);
-                       for (int64_t r = r0; r < r1; ++r) {
-                         Load(yp + r * d, buf.data(), d);
-                         AxpyRow(op + ip[r] * d, wp[r], buf.data(), d);
-                       }
-                     });
+    at::parallel_for(0, n, RowGrain(d), [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(d);
+      for (int64_t r = r0; r < r1; ++r) {
+        Load(yp + r * d, buf.data(), d);
+        AxpyRow(op + ip[r] * d, wp[r], buf.data(), d);
+      }
+    });
   });
 }
 
@@ -324,18 +325,17 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate_in) {
     const scalar_t* src = o.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
     const float* gp = gate.data_ptr<float>();
-    at::parallel_for(0, b * t, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(h * hd, 1)),
-                     [&](int64_t a, int64_t e) {
-                       std::vector<float> buf(hd);
-                       for (int64_t bt = a; bt < e; ++bt) {
-                         const int64_t bi = bt / t, ti = bt % t;
-                         for (int64_t hi = 0; hi < h; ++hi) {
-                           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
-                           ScaleBy(buf.data(), gp[bt * h + hi], hd);
-                           Store(buf.data(), dst + (bt * h + hi) * hd, hd);
-                         }
-                       }
-                     });
+    at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
+      std::vector<float> buf(hd);
+      for (int64_t bt = a; bt < e; ++bt) {
+        const int64_t bi = bt / t, ti = bt % t;
+        for (int64_t hi = 0; hi < h; ++hi) {
+          Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
+          ScaleBy(buf.data(), gp[bt * h + hi], hd);
+          Store(buf.data(), dst + (bt * h + hi) * hd, hd);
+        }
+      }
+    });
   });
   return y;
 }
