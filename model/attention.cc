@@ -2,10 +2,16 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
+#include <vector>
+
+#include "model/cpu_kernels.h"
 
 namespace praxis::model {
 namespace {
@@ -39,6 +45,21 @@ torch::Tensor Gather(const torch::Tensor& t, const torch::Tensor& index, const T
 constexpr int64_t kGroupCallPairs = 16384;
 // A dense bias is kept only for layouts this short ([T, T] in the attention dtype).
 constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
+}  // namespace
+
+// Up to head dim 32 LibTorch's flash kernel is bound by its softmax and per-block work, not by its
+// GEMMs, and TileAttention also skips the empty tiles; above it the flash kernel's GEMMs (AMX in
+// bf16) win. Measured at stop 22 (docs/benchmarks.md).
+int64_t TileAttentionMaxHeadDim() {
+  static const int64_t dim = [] {
+    const char* env = std::getenv("PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM");
+    return env != nullptr ? std::atoll(env) : int64_t{32};
+  }();
+  return dim;
+}
+
+namespace {
+
 // Bias rows on CUDA are padded to this many elements (16: the alignment SDPA pads to).
 constexpr int64_t kBiasRowAlign = 16;
 
@@ -131,6 +152,60 @@ int64_t HeldBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
+// The segments TileAttention walks: each query tile's key tiles in key order, consecutive ones
+// merged, each with its allowed pairs (from `rule`) where a partial tile or the row padding is in
+// it.
+cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule) {
+  using Tiles = cpu::AttentionTiles;
+  Tiles tiles;
+  tiles.block = mask.block_size;
+  tiles.q_len = mask.q_len;
+  tiles.kv_len = mask.kv_len;
+  const int64_t bs = mask.block_size;
+  const int64_t max_tiles = std::max<int64_t>(1, Tiles::kMaxSegmentTokens / bs);
+  tiles.first.push_back(0);
+  for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
+    std::vector<std::pair<int32_t, bool>> entries;  // (key tile, partial)
+    for (int32_t j : RowTiles(mask.full_kv_num_blocks, mask.full_kv_indices, i)) {
+      entries.emplace_back(j, false);
+    }
+    for (int32_t j : RowTiles(mask.kv_num_blocks, mask.kv_indices, i))
+      entries.emplace_back(j, true);
+    std::sort(entries.begin(), entries.end());
+    const torch::Tensor q = TileTokens({static_cast<int32_t>(i)}, bs, mask.q_len);
+    for (size_t e = 0; e < entries.size();) {
+      // The run of consecutive key tiles from entries[e], at most max_tiles long.
+      size_t end = e + 1;
+      bool partial = entries[e].second;
+      while (end < entries.size() && entries[end].first == entries[end - 1].first + 1 &&
+             static_cast<int64_t>(end - e) < max_tiles) {
+        partial = partial || entries[end].second;
+        ++end;
+      }
+      Tiles::Segment seg;
+      seg.start = entries[e].first * bs;
+      seg.length = std::min(mask.kv_len, (entries[end - 1].first + 1) * bs) - seg.start;
+      const int64_t row = Tiles::MaskRow(seg.length);
+      if (partial || row != seg.length) {
+        const torch::Tensor allowed =
+            rule(q, torch::arange(seg.start, seg.start + seg.length, torch::kInt64))
+                .to(torch::kUInt8)
+                .contiguous();
+        seg.mask_at = static_cast<int64_t>(tiles.masks.size());
+        tiles.masks.resize(seg.mask_at + bs * row, 0);
+        for (int64_t r = 0; r < allowed.size(0); ++r) {
+          std::memcpy(tiles.masks.data() + seg.mask_at + r * row,
+                      allowed.data_ptr<uint8_t>() + r * seg.length, seg.length);
+        }
+      }
+      tiles.segments.push_back(seg);
+      e = end;
+    }
+    tiles.first.push_back(static_cast<int64_t>(tiles.segments.size()));
+  }
+  return tiles;
+}
+
 }  // namespace
 
 torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads) {
@@ -146,7 +221,7 @@ bool AttentionPlan::UseDense(int64_t rows) const {
 }
 
 int64_t AttentionPlan::nbytes() const {
-  int64_t n = HeldBytes(dense_bias);
+  int64_t n = HeldBytes(dense_bias) + tiles.nbytes();
   for (const Group& g : groups) {
     n += g.q_index.nbytes() + g.full_kv_index.nbytes() + g.partial_kv_index.nbytes();
     if (g.partial_mask.defined()) {
@@ -168,6 +243,7 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
   }
   AttentionPlan plan;
   plan.length = mask.q_len;
+  if (!device.is_cuda()) plan.tiles = BuildTiles(mask, rule);
   for (const auto& [pattern, q_tiles] : groups) {
     AttentionPlan::Group g;
     const torch::Tensor q = TileTokens(q_tiles, mask.block_size, mask.q_len);
@@ -201,6 +277,9 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale) {
+  if (!q.is_cuda() && q.size(3) <= TileAttentionMaxHeadDim() && !plan.tiles.first.empty()) {
+    return cpu::TileAttention(q, k, v, plan.tiles, scale);
+  }
   if (plan.UseDense(q.size(0)) && !q.is_cuda() &&
       plan.dense_bias.scalar_type() == q.scalar_type()) {
     // A row with no allowed key comes back 0 from the kernel, as the groups leave it.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/cpu_kernels.h"
 #include "model/masks.h"
 
 namespace praxis::model {
@@ -47,6 +48,9 @@ struct AttentionPlan {
   // and never on CUDA (there the groups run; UseDense's costs are CPU measurements).
   torch::Tensor dense_bias;
   int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
+  // On the CPU: every segment of key tiles for cpu::TileAttention, which runs the whole attention
+  // at head dims up to TileAttentionMaxHeadDim() (the groups and dense_bias above it).
+  cpu::AttentionTiles tiles;
 
   // Whether a batch of `rows` runs as one dense call: the groups' pairs plus a fixed cost per
   // group call (gathers, two kernels, a merge) against every pair of the layout.
@@ -63,6 +67,10 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 // k or v [B, kvH, T, hd] repeated to [B, heads, T, hd]: kv head j serves the heads/kvH consecutive
 // query heads from j·heads/kvH. The input itself when kvH == heads.
 torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads);
+
+// The largest head dim at which the CPU runs cpu::TileAttention (32; the environment variable
+// PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once, overrides it for benchmarks: 0 = never).
+int64_t TileAttentionMaxHeadDim();
 
 // softmax(q·kᵀ·scale)·v for q [B, H, T, hd] and k, v [B, kvH, T, hd] (kvH divides H; on CUDA
 // kvH == H) under `plan`; returns [B, H, T, hd] in q's dtype.

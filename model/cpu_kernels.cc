@@ -6,10 +6,15 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -153,6 +158,16 @@ PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + VecExp(-a[i], lo, hi)) * b[i];
 }
 
+// y[i] = sigmoid(x[i]) = 1 / (1 + e^-x[i]).
+PRAXIS_ISA_CLONES void SigmoidRow(const float* x, float* y, int64_t n) {
+  const float lo = exp_clamp_lo, hi = exp_clamp_hi;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + VecExp(-x[i], lo, hi));
+}
+
+// Whether a ranks above b as torch::topk ranks them: NaN above every number.
+bool RanksAbove(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || a > b; }
+
 // x[i] *= s.
 PRAXIS_ISA_CLONES void ScaleBy(float* x, float s, int64_t n) {
 #pragma omp simd
@@ -169,6 +184,199 @@ void NormalizeRow(float* x, const float* w, int64_t n, double eps) {
   const float r =
       1.0f / std::sqrt(SumSquares(x, n) / static_cast<float>(n) + static_cast<float>(eps));
   ScaleRow(x, w, r, n);
+}
+
+// Attention works in 16-float chunks (one AVX-512 register) over blocks of kBlockRows query rows:
+// key columns and head dims are padded to a multiple of kLanes with zeros and query blocks to
+// kBlockRows rows, so the inner loops have no tails, and a block's rows are kBlockRows
+// independent FMA chains (one chain would wait on each FMA's latency).
+constexpr int64_t kLanes = 16;
+constexpr int64_t kBlockRows = 8;
+// Query rows per attention task (a multiple of kBlockRows): its scores and sums stay in L1.
+constexpr int64_t kAttentionRows = 32;
+
+int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The three steps of one block of kBlockRows query rows against one key tile, portable:
+// scores s[r, c] = Σ_d q[r, d] · kt[d, c] (q rows of hd, kt rows of ldk, s rows of `padded`);
+void ScoreBlockPortable(const float* q, int64_t hd, const float* kt, int64_t ldk, int64_t padded,
+                        float* s) {
+  for (int64_t r = 0; r < kBlockRows; ++r) {
+    for (int64_t c = 0; c < padded; ++c) {
+      float acc = 0;
+      for (int64_t d = 0; d < hd; ++d) acc += q[r * hd + d] * kt[d * ldk + c];
+      s[r * padded + c] = acc;
+    }
+  }
+}
+
+// a row's online-softmax step: s becomes p = e^(s - m') where `mask` (padded bytes; null: every
+// column) allows and 0 elsewhere, m and l the running max and sum; returns the factor that
+// rescales the row's earlier sum (1 while nothing is allowed);
+float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float* m, float* l) {
+  float mx = kNegInf;
+  for (int64_t c = 0; c < padded; ++c) {
+    if (mask != nullptr && mask[c] == 0) s[c] = kNegInf;
+    mx = std::max(mx, s[c]);
+  }
+  const float m_new = std::max(*m, mx);
+  if (m_new == kNegInf) {
+    std::fill(s, s + padded, 0.0f);
+    return 1.0f;
+  }
+  float sum = 0;
+  for (int64_t c = 0; c < padded; ++c) {
+    s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
+    sum += s[c];
+  }
+  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+  *l = *l * alpha + sum;
+  *m = m_new;
+  return alpha;
+}
+
+// and acc[r] = acc[r] · alpha[r] + Σ_c p[r, c] · v[c] (v rows and acc rows of hdp).
+void AccumulateBlockPortable(const float* p, int64_t padded, int64_t cols, const float* v,
+                             int64_t hdp, const float* alpha, float* acc) {
+  for (int64_t r = 0; r < kBlockRows; ++r) {
+    float* a = acc + r * hdp;
+    for (int64_t d = 0; d < hdp; ++d) a[d] *= alpha[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t d = 0; d < hdp; ++d) a[d] += p[r * padded + c] * v[c * hdp + d];
+    }
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PRAXIS_AVX512_ATTENTION 1
+#define PRAXIS_AVX512 __attribute__((target("avx512f")))
+
+// The same three steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
+PRAXIS_AVX512 void ScoreBlockAvx512(const float* q, int64_t hd, const float* kt, int64_t ldk,
+                                    int64_t padded, float* s) {
+  for (int64_t c0 = 0; c0 < padded; c0 += kLanes) {
+    __m512 a[kBlockRows];
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kBlockRows; ++r) a[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d) {
+      const __m512 k = _mm512_loadu_ps(kt + d * ldk + c0);
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * hd + d]), k, a[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kBlockRows; ++r) _mm512_storeu_ps(s + r * padded + c0, a[r]);
+  }
+}
+
+// Every lane. The masked forms of the intrinsics are used throughout: GCC 12's unmasked ones pass
+// an undefined source that its -Wuninitialized reports (and -Werror fails on).
+constexpr __mmask16 kAll = 0xFFFF;
+
+// The max and the sum of x's lanes, by halving shuffles.
+PRAXIS_AVX512 float HorizontalMax(__m512 x) {
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_mask_shuffle_f32x4(x, kAll, x, x, 0x4E));
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_mask_shuffle_f32x4(x, kAll, x, x, 0xB1));
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_mask_permute_ps(x, kAll, x, 0x4E));
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_mask_permute_ps(x, kAll, x, 0xB1));
+  return _mm512_cvtss_f32(x);
+}
+
+PRAXIS_AVX512 float HorizontalSum(__m512 x) {
+  x = _mm512_add_ps(x, _mm512_mask_shuffle_f32x4(x, kAll, x, x, 0x4E));
+  x = _mm512_add_ps(x, _mm512_mask_shuffle_f32x4(x, kAll, x, x, 0xB1));
+  x = _mm512_add_ps(x, _mm512_mask_permute_ps(x, kAll, x, 0x4E));
+  x = _mm512_add_ps(x, _mm512_mask_permute_ps(x, kAll, x, 0xB1));
+  return _mm512_cvtss_f32(x);
+}
+
+// e^x for x <= 0 by VecExp's polynomial; e^-inf is exactly 0.
+PRAXIS_AVX512 __m512 ExpAvx512(__m512 x) {
+  const __mmask16 masked = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-86.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_maskz_slli_epi32(
+      kAll, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll, n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~masked), er, _mm512_castsi512_ps(bits));
+}
+
+PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* mask, float* m,
+                                     float* l) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  __m512 mx = neg_inf;
+  for (int64_t c = 0; c < padded; c += kLanes) {
+    __m512 x = _mm512_loadu_ps(s + c);
+    if (mask != nullptr) {
+      const __m512i allowed = _mm512_maskz_cvtepu8_epi32(
+          kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + c)));
+      x = _mm512_mask_mov_ps(neg_inf, _mm512_test_epi32_mask(allowed, allowed), x);
+      _mm512_storeu_ps(s + c, x);
+    }
+    mx = _mm512_mask_max_ps(mx, kAll, mx, x);
+  }
+  const float m_new = std::max(*m, HorizontalMax(mx));
+  if (m_new == kNegInf) {
+    std::fill(s, s + padded, 0.0f);
+    return 1.0f;
+  }
+  const __m512 shift = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < padded; c += kLanes) {
+    const __m512 p = ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(s + c), shift));
+    _mm512_storeu_ps(s + c, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+  *l = *l * alpha + HorizontalSum(sum);
+  *m = m_new;
+  return alpha;
+}
+
+PRAXIS_AVX512 void AccumulateBlockAvx512(const float* p, int64_t padded, int64_t cols,
+                                         const float* v, int64_t hdp, const float* alpha,
+                                         float* acc) {
+  for (int64_t d0 = 0; d0 < hdp; d0 += kLanes) {
+    __m512 a[kBlockRows];
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kBlockRows; ++r) {
+      a[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * hdp + d0), _mm512_set1_ps(alpha[r]));
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const __m512 vv = _mm512_loadu_ps(v + c * hdp + d0);
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * padded + c]), vv, a[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kBlockRows; ++r) _mm512_storeu_ps(acc + r * hdp + d0, a[r]);
+  }
+}
+#endif
+
+// Whether TileAttention takes the AVX-512 steps: this CPU has them and the caller allows them.
+bool UseAvx512(AttentionIsa isa) {
+#if defined(PRAXIS_AVX512_ATTENTION)
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return isa == AttentionIsa::kBest && has;
+#else
+  (void)isa;
+  return false;
+#endif
 }
 
 // Rows of at least this many elements in all are split across threads.
@@ -307,6 +515,165 @@ void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch:
       }
     });
   });
+}
+
+ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias_in, int64_t top_k,
+                       double routed_scale) {
+  TORCH_CHECK(!logits_in.is_cuda() && logits_in.dim() == 2 &&
+                  logits_in.scalar_type() == torch::kFloat32 &&
+                  bias_in.scalar_type() == torch::kFloat32 &&
+                  bias_in.numel() == logits_in.size(1) && top_k >= 1 && top_k <= logits_in.size(1),
+              "cpu::RouteTopK: expected float32 logits [N, E], float32 bias [E], 1 <= top_k <= E");
+  RECORD_FUNCTION("praxis::route_top_k", std::vector<c10::IValue>());
+  const torch::Tensor logits = logits_in.contiguous();
+  const torch::Tensor bias = bias_in.contiguous();
+  const int64_t n = logits.size(0), e = logits.size(1), pairs = n * top_k;
+  const float* bp = bias.data_ptr<float>();
+  std::vector<float> scores(n * e);
+  SigmoidRow(logits.data_ptr<float>(), scores.data(), n * e);
+  // Each token's chosen experts and weights in slot order, and the pairs per expert.
+  std::vector<int32_t> chosen(pairs);
+  std::vector<float> weight(pairs);
+  ExpertRoutes r;
+  r.counts.assign(e, 0);
+  std::vector<bool> taken(e);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* s = scores.data() + t * e;
+    std::fill(taken.begin(), taken.end(), false);
+    float sum = 0;
+    for (int64_t k = 0; k < top_k; ++k) {
+      int64_t best = -1;  // ties go to the lower expert
+      for (int64_t x = 0; x < e; ++x) {
+        if (!taken[x] && (best < 0 || RanksAbove(s[x] + bp[x], s[best] + bp[best]))) best = x;
+      }
+      taken[best] = true;
+      chosen[t * top_k + k] = static_cast<int32_t>(best);
+      weight[t * top_k + k] = s[best];
+      sum += s[best];
+      ++r.counts[best];
+    }
+    for (int64_t k = 0; k < top_k; ++k) {
+      weight[t * top_k + k] = weight[t * top_k + k] / sum * static_cast<float>(routed_scale);
+    }
+  }
+  // A stable counting sort of the pairs by expert: each expert's slice in (token, slot) order.
+  std::vector<int64_t> next(e, 0);
+  for (int64_t x = 1; x < e; ++x) next[x] = next[x - 1] + r.counts[x - 1];
+  r.tokens = torch::empty({pairs}, torch::kInt64);
+  r.weights = torch::empty({pairs}, torch::kFloat32);
+  int64_t* tp = r.tokens.data_ptr<int64_t>();
+  float* wp = r.weights.data_ptr<float>();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t at = next[chosen[p]]++;
+    tp[at] = p / top_k;
+    wp[at] = weight[p];
+  }
+  return r;
+}
+
+int64_t AttentionTiles::nbytes() const {
+  return static_cast<int64_t>(first.size() * sizeof(int64_t) + segments.size() * sizeof(Segment) +
+                              masks.size());
+}
+
+torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const AttentionTiles& tiles, double scale, AttentionIsa isa) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
+  TORCH_CHECK(!q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() &&
+                  k.size(0) == b && k.size(3) == hd && k.size(1) > 0 && h % k.size(1) == 0 &&
+                  q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  q.stride(3) == 1,
+              "cpu::TileAttention: expected CPU q [B, H, T, hd] and k, v [B, kvH, T, hd] of one "
+              "dtype, kvH dividing H, q's last stride 1");
+  TORCH_CHECK(
+      t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
+          static_cast<int64_t>(tiles.first.size()) == (t + tiles.block - 1) / tiles.block + 1,
+      "cpu::TileAttention: tiles of another layout");
+  RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
+  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
+  // A segment starts anywhere (a tile edge need not be a multiple of kLanes): its padded score
+  // row reads up to kLanes - 1 columns past the keys, kept in bounds by kLanes columns of zeros.
+  const int64_t ldk = PadToLanes(kv_len) + kLanes, hdp = PadToLanes(hd);
+  static_assert(AttentionTiles::kMaskAlign == kLanes);
+  // Keys transposed [B, kvH, hd, ldk] and values [B, kvH, kv_len, hdp], float32, zero-padded: the
+  // scores of a tile are rows of kLanes-wide dot products, its values rows of kLanes chunks.
+  torch::Tensor kt = torch::zeros({b, kvh, hd, ldk}, torch::kFloat32);
+  kt.narrow(3, 0, kv_len).copy_(k.transpose(2, 3));
+  torch::Tensor vf = torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
+  vf.narrow(3, 0, hd).copy_(v);
+  torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
+  int64_t widest = 0;  // the longest segment's padded length: a score row
+  for (const AttentionTiles::Segment& seg : tiles.segments) {
+    widest = std::max(widest, PadToLanes(seg.length));
+  }
+  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
+  const int64_t parts = (block + kAttentionRows - 1) / kAttentionRows;  // tasks per query tile
+  const int64_t tasks = b * h * q_tiles * parts;
+  const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
+  const float* ktp = kt.data_ptr<float>();
+  const float* vfp = vf.data_ptr<float>();
+  const bool avx512 = UseAvx512(isa);
+#if defined(PRAXIS_AVX512_ATTENTION)
+  const auto score = avx512 ? ScoreBlockAvx512 : ScoreBlockPortable;
+  const auto softmax = avx512 ? SoftmaxRowAvx512 : SoftmaxRowPortable;
+  const auto accumulate = avx512 ? AccumulateBlockAvx512 : AccumulateBlockPortable;
+#else
+  const auto score = ScoreBlockPortable;
+  const auto softmax = SoftmaxRowPortable;
+  const auto accumulate = AccumulateBlockPortable;
+#endif
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "TileAttention", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
+      std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), acc(kAttentionRows * hdp),
+          m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
+      for (int64_t task = task0; task < task1; ++task) {
+        const int64_t part = task % parts, tile = task / parts % q_tiles,
+                      hi = task / (parts * q_tiles) % h, bi = task / (parts * q_tiles * h);
+        const int64_t row0 = tile * block + part * kAttentionRows;
+        const int64_t rows = std::min({kAttentionRows, t - row0, (tile + 1) * block - row0});
+        if (rows <= 0) continue;
+        const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+        const float* kth = ktp + (bi * kvh + hi / group) * hd * ldk;
+        const float* vh = vfp + (bi * kvh + hi / group) * kv_len * hdp;
+        // Rows past `rows` score 0 against every key: finite, and never stored.
+        std::fill(qf.begin(), qf.end(), 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          Load(qp + bi * sb + hi * sh + (row0 + r) * st, qf.data() + r * hd, hd);
+          ScaleBy(qf.data() + r * hd, static_cast<float>(scale), hd);
+        }
+        std::fill(m.begin(), m.end(), kNegInf);
+        std::fill(l.begin(), l.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t e = tiles.first[tile]; e < tiles.first[tile + 1]; ++e) {
+          const AttentionTiles::Segment& seg = tiles.segments[e];
+          const int64_t padded = PadToLanes(seg.length);
+          // A mask row per query row of the tile; padded == the mask's row (kMaskAlign == kLanes).
+          const uint8_t* mask =
+              seg.mask_at < 0 ? nullptr
+                              : tiles.masks.data() + seg.mask_at + (row0 - tile * block) * padded;
+          for (int64_t bk = 0; bk < blocks; ++bk) {
+            const int64_t r0 = bk * kBlockRows;
+            score(qf.data() + r0 * hd, hd, kth + seg.start, ldk, padded, s.data());
+            for (int64_t r = 0; r < kBlockRows; ++r) {
+              alpha[r] = softmax(s.data() + r * padded, padded,
+                                 mask == nullptr ? nullptr : mask + (r0 + r) * padded, &m[r0 + r],
+                                 &l[r0 + r]);
+            }
+            accumulate(s.data(), padded, seg.length, vh + seg.start * hdp, hdp, alpha.data(),
+                       acc.data() + r0 * hdp);
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          float* ar = acc.data() + r * hdp;
+          ScaleBy(ar, l[r] > 0 ? 1.0f / l[r] : 0.0f, hd);
+          Store(ar, op + ((bi * h + hi) * t + row0 + r) * hd, hd);
+        }
+      }
+    });
+  });
+  return out;
 }
 
 torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate_in) {

@@ -7,6 +7,9 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace praxis::model::cpu {
 
 // x · rsqrt(mean(x²) + eps) · weight over the last dimension. x: a CPU float tensor (float32,
@@ -31,6 +34,54 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 // write rows concurrently) and each in [0, N); weights: float32 [n]; y: [n, d], any float dtype.
 void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
                      const torch::Tensor& y);
+
+// The MoE's routing in one pass over the router logits (float32 [N, E]): each token's top_k
+// experts by sigmoid(logit) + bias (float32 [E]; ties to the lower expert, NaN above all, as
+// torch::topk), their combine weights (the chosen sigmoids over their sum, times routed_scale),
+// and the (token, slot) pairs sorted stably by expert, so that each expert's pairs are one slice.
+struct ExpertRoutes {
+  torch::Tensor tokens;         // int64 [N·top_k]: each pair's token, expert by expert
+  torch::Tensor weights;        // float32 [N·top_k]: each pair's combine weight
+  std::vector<int64_t> counts;  // [E]: each expert's pairs, the lengths of its slice
+};
+ExpertRoutes RouteTopK(const torch::Tensor& logits, const torch::Tensor& bias, int64_t top_k,
+                       double routed_scale);
+
+// One layout's attention as TileAttention walks it: for each query tile, the runs of key tiles it
+// attends (empty tiles are absent; consecutive ones merged into one segment of at most
+// kMaxSegmentTokens keys), each with a mask of its allowed pairs unless all are allowed. Built once
+// per layout with the plan (model/attention.cc); immutable after, so shared by every thread.
+struct AttentionTiles {
+  struct Segment {
+    int64_t start = 0;     // first key token
+    int64_t length = 0;    // keys
+    int64_t mask_at = -1;  // offset of its mask in `masks`, or -1: every pair allowed
+  };
+  // A segment's mask: `block` rows (the query tile's) of PadToLanes(length) bytes, 1 = allowed,
+  // 0 past `length`.
+  static constexpr int64_t kMaskAlign = 16;
+  static int64_t MaskRow(int64_t length) {
+    return (length + kMaskAlign - 1) / kMaskAlign * kMaskAlign;
+  }
+  static constexpr int64_t kMaxSegmentTokens = 512;
+
+  int64_t block = 0;  // query tile edge in tokens
+  int64_t q_len = 0, kv_len = 0;
+  std::vector<int64_t> first;  // [query tiles + 1]: tile i's segments are [first[i], first[i+1])
+  std::vector<Segment> segments;
+  std::vector<uint8_t> masks;
+  int64_t nbytes() const;
+};
+
+// softmax(q·kᵀ·scale)·v over the allowed pairs of `tiles` only: one pass per query row block over
+// its key tiles with an online softmax, float32 arithmetic. q [B, H, T, hd], k, v [B, kvH, T, hd]
+// (kvH divides H; kv head j serves query heads j·H/kvH …), any float dtype, last stride 1.
+// Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0.
+// kBest takes AVX-512 where the CPU has it; kPortable plain loops (tests compare the two).
+enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1 };
+torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const AttentionTiles& tiles, double scale,
+                            AttentionIsa isa = AttentionIsa::kBest);
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
 // h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits, any strides and

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <vector>
 
 #include "model/cpu_kernels.h"
 
@@ -134,29 +135,35 @@ Routing Route(const torch::Tensor& xs, const MoeWeights& w, int64_t top_k, doubl
   return {weights, sorted, order, routed_x};
 }
 
-// The routed experts one at a time over their slices: float32 [N, dim]. The slice lengths are
-// read on the host, a device sync on CUDA.
-torch::Tensor LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k) {
+// Adds the routed experts into `out` (float32 [N, dim]), one at a time over their slices of the
+// expert-sorted pairs: routed_x [pairs, dim] the pairs' token rows, tokens (int64) and weights
+// (float32) [pairs] their tokens and combine weights, counts each expert's slice length.
+void LoopExperts(const torch::Tensor& routed_x, const torch::Tensor& tokens,
+                 const torch::Tensor& weights, const std::vector<int64_t>& counts,
+                 const MoeWeights& w, torch::Tensor& out) {
+  int64_t begin = 0;
+  for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e) {
+    const int64_t n = counts[e];
+    if (n == 0) continue;
+    const torch::Tensor y = FusedExpert(routed_x.narrow(0, begin, n), w.gate_up[e], w.down[e]);
+    if (out.is_cuda()) {
+      out.index_add_(0, tokens.narrow(0, begin, n),
+                     weights.narrow(0, begin, n).unsqueeze(1) * y.to(torch::kFloat32));
+    } else {
+      cpu::AddWeightedRows(out, tokens.narrow(0, begin, n), weights.narrow(0, begin, n), y);
+    }
+    begin += n;
+  }
+}
+
+// The loop over device routing (CUDA): the slice lengths are read on the host, a device sync.
+void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Tensor& out) {
   const torch::Tensor counts =
       torch::bincount(r.sorted_experts, /*weights=*/{}, w.gate_up.size(0)).to(torch::kCPU);
-  const torch::Tensor tokens = torch::div(r.order, top_k, "floor");
-  const torch::Tensor routed_w = r.weights.flatten().index_select(0, r.order).unsqueeze(1);
-  torch::Tensor out = torch::zeros({r.weights.size(0), r.routed_x.size(1)}, r.weights.options());
-  const auto n = counts.accessor<int64_t, 1>();
-  int64_t begin = 0;
-  for (int64_t e = 0; e < counts.numel(); ++e) {
-    if (n[e] == 0) continue;
-    const torch::Tensor y = FusedExpert(r.routed_x.narrow(0, begin, n[e]), w.gate_up[e], w.down[e]);
-    if (out.is_cuda()) {
-      out.index_add_(0, tokens.narrow(0, begin, n[e]),
-                     routed_w.narrow(0, begin, n[e]) * y.to(torch::kFloat32));
-    } else {
-      cpu::AddWeightedRows(out, tokens.narrow(0, begin, n[e]),
-                           routed_w.narrow(0, begin, n[e]).flatten(), y);
-    }
-    begin += n[e];
-  }
-  return out;
+  LoopExperts(
+      r.routed_x, torch::div(r.order, top_k, "floor"), r.weights.flatten().index_select(0, r.order),
+      std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()),
+      w, out);
 }
 
 // The routed experts as two grouped matmuls over all slices: float32 [N, dim]. Every shape is
@@ -236,10 +243,19 @@ torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, do
   const torch::ScalarType dt = w.gate_up.scalar_type();
   const torch::Tensor xs = x.reshape({-1, x.size(-1)}).to(dt);
   if (dispatch == MoeDispatch::kAuto) dispatch = AutoMoeDispatch(xs, w);
-  const Routing r = Route(xs, w, top_k, routed_scale);
-  torch::Tensor out =
-      dispatch == MoeDispatch::kGrouped ? GroupedExperts(r, w, top_k) : LoopExperts(r, w, top_k);
-  out = out + FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
+  // The shared expert's float32 output, a fresh tensor, is the sum the routed experts add into.
+  torch::Tensor out = FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
+  if (dispatch == MoeDispatch::kGrouped) {
+    out = out + GroupedExperts(Route(xs, w, top_k, routed_scale), w, top_k);
+  } else if (xs.is_cuda()) {
+    LoopExperts(Route(xs, w, top_k, routed_scale), w, top_k, out);
+  } else {
+    // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops.
+    const torch::Tensor logits =
+        torch::matmul(xs.to(torch::kFloat32), w.router.to(torch::kFloat32).t());
+    const cpu::ExpertRoutes r = cpu::RouteTopK(logits, w.expert_bias, top_k, routed_scale);
+    LoopExperts(xs.index_select(0, r.tokens), r.tokens, r.weights, r.counts, w, out);
+  }
   return out.to(dt).view(x.sizes());
 }
 

@@ -8,7 +8,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <thread>
+#include <vector>
 
 #include "model/attention.h"
 #include "model/cpu_runtime.h"
@@ -121,6 +123,40 @@ TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
                c10::Error);
 }
 
+TEST(CpuKernelsTest, RouteTopKEqualsTopkThenAStableSortByExpert) {
+  torch::manual_seed(5);
+  const int64_t n = 37, e = 6;
+  torch::Tensor logits = torch::randn({n, e});
+  const torch::Tensor bias = 0.1 * torch::randn({e});
+  bias[2] = -100.0;  // never chosen: an empty slice
+  for (int64_t k : {1, 2, 3}) {
+    const cpu::ExpertRoutes got = cpu::RouteTopK(logits, bias, k, 2.5);
+    const torch::Tensor scores = torch::sigmoid(logits);
+    const torch::Tensor chosen = std::get<1>(torch::topk(scores + bias, k, -1));
+    const torch::Tensor weights = scores.gather(-1, chosen);
+    const torch::Tensor want_w = (weights / weights.sum(-1, true) * 2.5).flatten();
+    auto [sorted, order] = chosen.flatten().sort(/*stable=*/true, 0, false);
+    EXPECT_TRUE(torch::equal(got.tokens, torch::div(order, k, "floor"))) << k;
+    EXPECT_LE(MaxAbsDiff(got.weights, want_w.index_select(0, order)), 1e-6) << k;
+    const torch::Tensor counts = torch::bincount(sorted, {}, e);
+    EXPECT_EQ(got.counts,
+              std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + e))
+        << k;
+    EXPECT_EQ(got.counts[2], 0) << k;
+  }
+  // Ties go to the lower expert.
+  const cpu::ExpertRoutes tied =
+      cpu::RouteTopK(torch::full({1, e}, 0.5), torch::zeros({e}), 2, 1.0);
+  EXPECT_EQ(tied.counts, (std::vector<int64_t>{1, 1, 0, 0, 0, 0}));
+  // A NaN logit ranks first, as in torch::topk; every token still gets top_k distinct experts.
+  torch::Tensor nan_logits = torch::zeros({1, e});
+  nan_logits[0][4] = std::numeric_limits<float>::quiet_NaN();
+  const cpu::ExpertRoutes nan = cpu::RouteTopK(nan_logits, torch::zeros({e}), 2, 1.0);
+  EXPECT_EQ(nan.counts, (std::vector<int64_t>{1, 0, 0, 0, 1, 0}));
+  EXPECT_THROW(cpu::RouteTopK(logits, bias, e + 1, 1.0), c10::Error);
+  EXPECT_THROW(cpu::RouteTopK(logits.to(torch::kBFloat16), bias, 1, 1.0), c10::Error);
+}
+
 TEST(CpuKernelsTest, GateHeadsEqualsTransposeTimesSigmoidInEveryDtype) {
   torch::manual_seed(4);
   const int64_t b = 2, h = 3, t = 11, hd = 16;
@@ -169,9 +205,11 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   const AttentionPlan plan = Plan(layout, 8, &rule, &t);
   ASSERT_TRUE(plan.dense_bias.defined()) << "a short layout keeps its dense bias";
   ASSERT_GT(plan.groups.size(), 1u);
-  const torch::Tensor q = torch::randn({2, 4, t, 16});
-  const torch::Tensor k = torch::randn({2, 2, t, 16});  // two query heads per kv head
-  const torch::Tensor v = torch::randn({2, 2, t, 16});
+  // Head dim 64: above it the CPU runs LibTorch's flash kernel, by groups or as one dense call
+  // (TileAttention takes the small head dims; TileAttentionTest).
+  const torch::Tensor q = torch::randn({2, 4, t, 64});
+  const torch::Tensor k = torch::randn({2, 2, t, 64});  // two query heads per kv head
+  const torch::Tensor v = torch::randn({2, 2, t, 64});
   const torch::Tensor all = torch::arange(t, torch::kInt64);
   const torch::Tensor want =
       DenseAttention(q, ExpandKvHeads(k, 4), ExpandKvHeads(v, 4), rule(all, all), 0.25);
@@ -182,6 +220,83 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   dense_only.group_pairs = t * t;  // makes the dense call the cheaper one at any batch
   ASSERT_TRUE(dense_only.UseDense(2));
   EXPECT_LE(MaxAbsDiff(SparseAttention(q, k, v, dense_only, 0.25), want), 1e-5);
+}
+
+// softmax(q·kᵀ·scale)·v in float64 over the allowed pairs of `allowed` [T, T] (bool); a row with
+// none is 0. q [B, H, T, hd], k, v [B, kvH, T, hd].
+torch::Tensor MaskedAttentionOracle(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const torch::Tensor& allowed,
+                                    double scale) {
+  const int64_t heads = q.size(1);
+  const torch::Tensor kd = ExpandKvHeads(k, heads).to(torch::kFloat64);
+  const torch::Tensor s = torch::matmul(q.to(torch::kFloat64), kd.transpose(-1, -2)) * scale;
+  const torch::Tensor p = torch::softmax(s.masked_fill(allowed.logical_not(), -INFINITY), -1);
+  return torch::matmul(p.nan_to_num(0.0), ExpandKvHeads(v, heads).to(torch::kFloat64));
+}
+
+TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
+  torch::manual_seed(4);
+  const WindowLayout layout{
+      .registers = 2, .anchor_h = 2, .anchor_w = 3, .text_len = 5, .k = 3, .f = 2, .h = 2, .w = 3};
+  for (int64_t block : {8, 32, 128}) {
+    MaskRule rule;
+    int64_t t = 0;
+    const AttentionPlan plan = Plan(layout, block, &rule, &t);
+    const torch::Tensor all = torch::arange(t, torch::kInt64);
+    const torch::Tensor allowed = rule(all, all);
+    for (int64_t hd : {16, 24, 64}) {
+      // q as attention gets it from a projection: a transposed view with unit last stride.
+      const torch::Tensor q = torch::randn({2, t, 4, hd}).transpose(1, 2);
+      const torch::Tensor k = torch::randn({2, 2, t, hd});  // two query heads per kv head
+      const torch::Tensor v = torch::randn({2, 2, t, hd});
+      const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.3);
+      for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+        const double tol = dt == torch::kFloat32 ? 1e-5 : dt == torch::kHalf ? 5e-3 : 3e-2;
+        const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+        const torch::Tensor want_d = MaskedAttentionOracle(qd, kd, vd, allowed, 0.3);
+        for (auto isa : {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kPortable}) {
+          const torch::Tensor got = cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa);
+          ASSERT_EQ(got.scalar_type(), dt);
+          EXPECT_LE(MaxAbsDiff(got, dt == torch::kFloat32 ? want : want_d), tol)
+              << "block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
+        }
+      }
+    }
+  }
+}
+
+TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
+  // Hand-made tiles over 20 tokens in tiles of 8: tile 0 one masked segment of every key (rows
+  // 0 and 5 allow none), tile 1 no segment at all, tile 2 (4 rows) a full segment [0, 16).
+  torch::manual_seed(6);
+  const int64_t t = 20, block = 8;
+  cpu::AttentionTiles tiles;
+  tiles.block = block;
+  tiles.q_len = tiles.kv_len = t;
+  const int64_t row = cpu::AttentionTiles::MaskRow(t);
+  torch::Tensor allowed = torch::rand({t, t}) > 0.5;
+  allowed[0] = false;
+  allowed[5] = false;
+  allowed.narrow(0, 8, 8).fill_(false);
+  allowed.narrow(0, 16, 4).fill_(false);
+  allowed.narrow(0, 16, 4).narrow(1, 0, 16).fill_(true);
+  tiles.masks.assign(block * row, 0);
+  for (int64_t r = 0; r < block; ++r) {
+    for (int64_t c = 0; c < t; ++c) tiles.masks[r * row + c] = allowed[r][c].item<bool>();
+  }
+  tiles.segments = {{.start = 0, .length = t, .mask_at = 0}, {.start = 0, .length = 16}};
+  tiles.first = {0, 1, 1, 2};
+  const torch::Tensor q = torch::randn({1, 2, t, 16}), k = torch::randn({1, 1, t, 16}),
+                      v = torch::randn({1, 1, t, 16});
+  const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.25);
+  for (auto isa : {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kPortable}) {
+    const torch::Tensor got = cpu::TileAttention(q, k, v, tiles, 0.25, isa);
+    EXPECT_LE(MaxAbsDiff(got, want), 1e-5) << int(isa);
+    EXPECT_EQ(got.select(2, 0).abs().max().item<float>(), 0.0f);
+    EXPECT_EQ(got.narrow(2, 8, 8).abs().max().item<float>(), 0.0f);
+  }
+  EXPECT_THROW(cpu::TileAttention(q.narrow(2, 0, 16), k, v, tiles, 0.25), c10::Error)
+      << "tiles of another layout";
 }
 
 TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
