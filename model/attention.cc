@@ -47,15 +47,14 @@ constexpr int64_t kGroupCallPairs = 16384;
 constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
 }  // namespace
 
-// Up to head dim 32 LibTorch's flash kernel is bound by its softmax and per-block work, not by its
-// GEMMs, and TileAttention also skips the empty tiles; above it the flash kernel's GEMMs (AMX in
-// bf16) win. Measured at stop 22 (docs/benchmarks.md).
-int64_t TileAttentionMaxHeadDim() {
-  static const int64_t dim = [] {
-    const char* env = std::getenv("PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM");
-    return env != nullptr ? std::atoll(env) : int64_t{32};
-  }();
-  return dim;
+// LibTorch's flash kernel at head dims up to 32 is bound by its softmax and per-block work, not by
+// its GEMMs; in float32 up to 64 its GEMMs are FMAs like ours. There TileAttention wins, also by
+// skipping the empty tiles; in bf16 above 32 the flash kernel's GEMMs (AMX) win. Measured at stop
+// 22 (docs/benchmarks.md).
+int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype) {
+  static const char* const env = std::getenv("PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM");
+  if (env != nullptr) return std::atoll(env);
+  return dtype == torch::kFloat32 ? 64 : 32;
 }
 
 namespace {
@@ -277,7 +276,8 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale) {
-  if (!q.is_cuda() && q.size(3) <= TileAttentionMaxHeadDim() && !plan.tiles.first.empty()) {
+  if (!q.is_cuda() && q.size(3) <= TileAttentionMaxHeadDim(q.scalar_type()) &&
+      !plan.tiles.first.empty()) {
     return cpu::TileAttention(q, k, v, plan.tiles, scale);
   }
   if (plan.UseDense(q.size(0)) && !q.is_cuda() &&

@@ -49,7 +49,7 @@ struct AttentionPlan {
   torch::Tensor dense_bias;
   int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
   // On the CPU: every segment of key tiles for cpu::TileAttention, which runs the whole attention
-  // at head dims up to TileAttentionMaxHeadDim() (the groups and dense_bias above it).
+  // at head dims up to TileAttentionMaxHeadDim (the groups and dense_bias above it).
   cpu::AttentionTiles tiles;
 
   // Whether a batch of `rows` runs as one dense call: the groups' pairs plus a fixed cost per
@@ -68,9 +68,10 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 // query heads from j·heads/kvH. The input itself when kvH == heads.
 torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads);
 
-// The largest head dim at which the CPU runs cpu::TileAttention (32; the environment variable
-// PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once, overrides it for benchmarks: 0 = never).
-int64_t TileAttentionMaxHeadDim();
+// The largest head dim at which the CPU runs cpu::TileAttention in `dtype` (64 in float32, 32 in
+// bf16 and fp16; the environment variable PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once,
+// overrides both for benchmarks: 0 = never).
+int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype);
 
 // softmax(q·kᵀ·scale)·v for q [B, H, T, hd] and k, v [B, kvH, T, hd] (kvH divides H; on CUDA
 // kvH == H) under `plan`; returns [B, H, T, hd] in q's dtype.

@@ -254,22 +254,40 @@ void AccumulateBlockPortable(const float* p, int64_t padded, int64_t cols, const
 #define PRAXIS_AVX512 __attribute__((target("avx512f")))
 
 // The same three steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
+// Scores of rows [r0, r0 + R) for the R·C·kLanes columns from c0, R·C accumulators: each K load
+// serves R rows and each q broadcast C chunks (one load per FMA or fewer, FMA-bound).
+template <int R, int C>
+PRAXIS_AVX512 void ScoreRowsAvx512(const float* q, int64_t hd, const float* kt, int64_t ldk,
+                                   int64_t padded, int64_t r0, int64_t c0, float* s) {
+  __m512 a[R][C];
+#pragma GCC unroll 16
+  for (int i = 0; i < R * C; ++i) a[i / C][i % C] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < hd; ++d) {
+    __m512 k[C];
+#pragma GCC unroll 4
+    for (int j = 0; j < C; ++j) k[j] = _mm512_loadu_ps(kt + d * ldk + c0 + j * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 qd = _mm512_set1_ps(q[(r0 + r) * hd + d]);
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) a[r][j] = _mm512_fmadd_ps(qd, k[j], a[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R * C; ++i) {
+    _mm512_storeu_ps(s + (r0 + i / C) * padded + c0 + (i % C) * kLanes, a[i / C][i % C]);
+  }
+}
+
 PRAXIS_AVX512 void ScoreBlockAvx512(const float* q, int64_t hd, const float* kt, int64_t ldk,
                                     int64_t padded, float* s) {
-  for (int64_t c0 = 0; c0 < padded; c0 += kLanes) {
-    __m512 a[kBlockRows];
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < kBlockRows; ++r) a[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d) {
-      const __m512 k = _mm512_loadu_ps(kt + d * ldk + c0);
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < kBlockRows; ++r) {
-        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * hd + d]), k, a[r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < kBlockRows; ++r) _mm512_storeu_ps(s + r * padded + c0, a[r]);
+  int64_t c0 = 0;
+  for (; c0 + 4 * kLanes <= padded; c0 += 4 * kLanes) {
+    ScoreRowsAvx512<4, 4>(q, hd, kt, ldk, padded, 0, c0, s);
+    ScoreRowsAvx512<4, 4>(q, hd, kt, ldk, padded, 4, c0, s);
   }
+  for (; c0 < padded; c0 += kLanes)
+    ScoreRowsAvx512<kBlockRows, 1>(q, hd, kt, ldk, padded, 0, c0, s);
 }
 
 // Every lane. The masked forms of the intrinsics are used throughout: GCC 12's unmasked ones pass
@@ -346,24 +364,46 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
   return alpha;
 }
 
+// acc rows [r0, r0 + R), head-dim chunks [d0, d0 + C·kLanes): R·C accumulators, each V load
+// serving R rows and each p broadcast C chunks.
+template <int R, int C>
+PRAXIS_AVX512 void AccumulateRowsAvx512(const float* p, int64_t padded, int64_t cols,
+                                        const float* v, int64_t hdp, const float* alpha, int64_t r0,
+                                        int64_t d0, float* acc) {
+  __m512 a[R][C];
+#pragma GCC unroll 16
+  for (int i = 0; i < R * C; ++i) {
+    a[i / C][i % C] =
+        _mm512_mul_ps(_mm512_loadu_ps(acc + (r0 + i / C) * hdp + d0 + (i % C) * kLanes),
+                      _mm512_set1_ps(alpha[r0 + i / C]));
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    __m512 vv[C];
+#pragma GCC unroll 4
+    for (int j = 0; j < C; ++j) vv[j] = _mm512_loadu_ps(v + c * hdp + d0 + j * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 pc = _mm512_set1_ps(p[(r0 + r) * padded + c]);
+#pragma GCC unroll 4
+      for (int j = 0; j < C; ++j) a[r][j] = _mm512_fmadd_ps(pc, vv[j], a[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R * C; ++i) {
+    _mm512_storeu_ps(acc + (r0 + i / C) * hdp + d0 + (i % C) * kLanes, a[i / C][i % C]);
+  }
+}
+
 PRAXIS_AVX512 void AccumulateBlockAvx512(const float* p, int64_t padded, int64_t cols,
                                          const float* v, int64_t hdp, const float* alpha,
                                          float* acc) {
-  for (int64_t d0 = 0; d0 < hdp; d0 += kLanes) {
-    __m512 a[kBlockRows];
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < kBlockRows; ++r) {
-      a[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * hdp + d0), _mm512_set1_ps(alpha[r]));
-    }
-    for (int64_t c = 0; c < cols; ++c) {
-      const __m512 vv = _mm512_loadu_ps(v + c * hdp + d0);
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < kBlockRows; ++r) {
-        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * padded + c]), vv, a[r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < kBlockRows; ++r) _mm512_storeu_ps(acc + r * hdp + d0, a[r]);
+  int64_t d0 = 0;
+  for (; d0 + 4 * kLanes <= hdp; d0 += 4 * kLanes) {
+    AccumulateRowsAvx512<4, 4>(p, padded, cols, v, hdp, alpha, 0, d0, acc);
+    AccumulateRowsAvx512<4, 4>(p, padded, cols, v, hdp, alpha, 4, d0, acc);
+  }
+  for (; d0 < hdp; d0 += kLanes) {
+    AccumulateRowsAvx512<kBlockRows, 1>(p, padded, cols, v, hdp, alpha, 0, d0, acc);
   }
 }
 #endif

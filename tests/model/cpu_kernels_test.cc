@@ -205,11 +205,12 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   const AttentionPlan plan = Plan(layout, 8, &rule, &t);
   ASSERT_TRUE(plan.dense_bias.defined()) << "a short layout keeps its dense bias";
   ASSERT_GT(plan.groups.size(), 1u);
-  // Head dim 64: above it the CPU runs LibTorch's flash kernel, by groups or as one dense call
+  // Head dim 80: at it the CPU runs LibTorch's flash kernel, by groups or as one dense call
   // (TileAttention takes the small head dims; TileAttentionTest).
-  const torch::Tensor q = torch::randn({2, 4, t, 64});
-  const torch::Tensor k = torch::randn({2, 2, t, 64});  // two query heads per kv head
-  const torch::Tensor v = torch::randn({2, 2, t, 64});
+  ASSERT_GT(80, TileAttentionMaxHeadDim(torch::kFloat32));
+  const torch::Tensor q = torch::randn({2, 4, t, 80});
+  const torch::Tensor k = torch::randn({2, 2, t, 80});  // two query heads per kv head
+  const torch::Tensor v = torch::randn({2, 2, t, 80});
   const torch::Tensor all = torch::arange(t, torch::kInt64);
   const torch::Tensor want =
       DenseAttention(q, ExpandKvHeads(k, 4), ExpandKvHeads(v, 4), rule(all, all), 0.25);
