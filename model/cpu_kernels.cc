@@ -199,22 +199,24 @@ int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The three steps of one block of kBlockRows query rows against one key tile, portable:
-// scores s[r, c] = Σ_d q[r, d] · kt[d, c] (q rows of hd, kt rows of ldk, s rows of `padded`);
-void ScoreBlockPortable(const float* q, int64_t hd, const float* kt, int64_t ldk, int64_t padded,
-                        float* s) {
+// The steps of one block of kBlockRows query rows against one key segment, portable. The one
+// matrix product of attention, out[r, n] = scale[r] · out[r, n] + Σ_i a[r·lda + i] · b[i·ldb + n]
+// for r < kBlockRows and n < width (a multiple of kLanes), out rows of ldo; a null scale starts
+// from 0. Scores: a = q, b = kᵀ, i over the head dim; values: a = p, b = v, i over the keys.
+void BlockProductPortable(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t inner,
+                          int64_t width, float* out, int64_t ldo, const float* scale) {
   for (int64_t r = 0; r < kBlockRows; ++r) {
-    for (int64_t c = 0; c < padded; ++c) {
-      float acc = 0;
-      for (int64_t d = 0; d < hd; ++d) acc += q[r * hd + d] * kt[d * ldk + c];
-      s[r * padded + c] = acc;
+    float* o = out + r * ldo;
+    for (int64_t n = 0; n < width; ++n) o[n] = scale == nullptr ? 0.0f : o[n] * scale[r];
+    for (int64_t i = 0; i < inner; ++i) {
+      for (int64_t n = 0; n < width; ++n) o[n] += a[r * lda + i] * b[i * ldb + n];
     }
   }
 }
 
-// a row's online-softmax step: s becomes p = e^(s - m') where `mask` (padded bytes; null: every
-// column) allows and 0 elsewhere, m and l the running max and sum; returns the factor that
-// rescales the row's earlier sum (1 while nothing is allowed);
+// A row's online-softmax step between the two: s becomes p = e^(s - m') where `mask` (padded bytes;
+// null: every column) allows and 0 elsewhere, m and l the running max and sum; returns the factor
+// that rescales the row's earlier sum (1 while nothing is allowed).
 float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float* m, float* l) {
   float mx = kNegInf;
   for (int64_t c = 0; c < padded; ++c) {
@@ -237,57 +239,54 @@ float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float* m
   return alpha;
 }
 
-// and acc[r] = acc[r] · alpha[r] + Σ_c p[r, c] · v[c] (v rows and acc rows of hdp).
-void AccumulateBlockPortable(const float* p, int64_t padded, int64_t cols, const float* v,
-                             int64_t hdp, const float* alpha, float* acc) {
-  for (int64_t r = 0; r < kBlockRows; ++r) {
-    float* a = acc + r * hdp;
-    for (int64_t d = 0; d < hdp; ++d) a[d] *= alpha[r];
-    for (int64_t c = 0; c < cols; ++c) {
-      for (int64_t d = 0; d < hdp; ++d) a[d] += p[r * padded + c] * v[c * hdp + d];
-    }
-  }
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PRAXIS_AVX512_ATTENTION 1
 #define PRAXIS_AVX512 __attribute__((target("avx512f")))
 
-// The same three steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
-// Scores of rows [r0, r0 + R) for the R·C·kLanes columns from c0, R·C accumulators: each K load
-// serves R rows and each q broadcast C chunks (one load per FMA or fewer, FMA-bound).
+// The same steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
+// BlockProduct's rows [r0, r0 + R) and columns [n0, n0 + C·kLanes) in R·C registers: each b load
+// serves R rows and each a broadcast C chunks (one load per FMA or fewer: FMA-bound, and R·C
+// independent FMA chains, where one chain would wait on each FMA's latency).
 template <int R, int C>
-PRAXIS_AVX512 void ScoreRowsAvx512(const float* q, int64_t hd, const float* kt, int64_t ldk,
-                                   int64_t padded, int64_t r0, int64_t c0, float* s) {
-  __m512 a[R][C];
+PRAXIS_AVX512 void ProductTileAvx512(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                     int64_t inner, float* out, int64_t ldo, const float* scale,
+                                     int64_t r0, int64_t n0) {
+  __m512 acc[R][C];
 #pragma GCC unroll 16
-  for (int i = 0; i < R * C; ++i) a[i / C][i % C] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < hd; ++d) {
-    __m512 k[C];
+  for (int t = 0; t < R * C; ++t) {
+    float* o = out + (r0 + t / C) * ldo + n0 + (t % C) * kLanes;
+    acc[t / C][t % C] = scale == nullptr
+                            ? _mm512_setzero_ps()
+                            : _mm512_mul_ps(_mm512_loadu_ps(o), _mm512_set1_ps(scale[r0 + t / C]));
+  }
+  for (int64_t i = 0; i < inner; ++i) {
+    __m512 bv[C];
 #pragma GCC unroll 4
-    for (int j = 0; j < C; ++j) k[j] = _mm512_loadu_ps(kt + d * ldk + c0 + j * kLanes);
+    for (int j = 0; j < C; ++j) bv[j] = _mm512_loadu_ps(b + i * ldb + n0 + j * kLanes);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 qd = _mm512_set1_ps(q[(r0 + r) * hd + d]);
+      const __m512 av = _mm512_set1_ps(a[(r0 + r) * lda + i]);
 #pragma GCC unroll 4
-      for (int j = 0; j < C; ++j) a[r][j] = _mm512_fmadd_ps(qd, k[j], a[r][j]);
+      for (int j = 0; j < C; ++j) acc[r][j] = _mm512_fmadd_ps(av, bv[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < R * C; ++i) {
-    _mm512_storeu_ps(s + (r0 + i / C) * padded + c0 + (i % C) * kLanes, a[i / C][i % C]);
+  for (int t = 0; t < R * C; ++t) {
+    _mm512_storeu_ps(out + (r0 + t / C) * ldo + n0 + (t % C) * kLanes, acc[t / C][t % C]);
   }
 }
 
-PRAXIS_AVX512 void ScoreBlockAvx512(const float* q, int64_t hd, const float* kt, int64_t ldk,
-                                    int64_t padded, float* s) {
-  int64_t c0 = 0;
-  for (; c0 + 4 * kLanes <= padded; c0 += 4 * kLanes) {
-    ScoreRowsAvx512<4, 4>(q, hd, kt, ldk, padded, 0, c0, s);
-    ScoreRowsAvx512<4, 4>(q, hd, kt, ldk, padded, 4, c0, s);
+PRAXIS_AVX512 void BlockProductAvx512(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                      int64_t inner, int64_t width, float* out, int64_t ldo,
+                                      const float* scale) {
+  int64_t n0 = 0;
+  for (; n0 + 4 * kLanes <= width; n0 += 4 * kLanes) {
+    ProductTileAvx512<4, 4>(a, lda, b, ldb, inner, out, ldo, scale, 0, n0);
+    ProductTileAvx512<4, 4>(a, lda, b, ldb, inner, out, ldo, scale, 4, n0);
   }
-  for (; c0 < padded; c0 += kLanes)
-    ScoreRowsAvx512<kBlockRows, 1>(q, hd, kt, ldk, padded, 0, c0, s);
+  for (; n0 < width; n0 += kLanes) {
+    ProductTileAvx512<kBlockRows, 1>(a, lda, b, ldb, inner, out, ldo, scale, 0, n0);
+  }
 }
 
 // Every lane. The masked forms of the intrinsics are used throughout: GCC 12's unmasked ones pass
@@ -364,48 +363,6 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
   return alpha;
 }
 
-// acc rows [r0, r0 + R), head-dim chunks [d0, d0 + C·kLanes): R·C accumulators, each V load
-// serving R rows and each p broadcast C chunks.
-template <int R, int C>
-PRAXIS_AVX512 void AccumulateRowsAvx512(const float* p, int64_t padded, int64_t cols,
-                                        const float* v, int64_t hdp, const float* alpha, int64_t r0,
-                                        int64_t d0, float* acc) {
-  __m512 a[R][C];
-#pragma GCC unroll 16
-  for (int i = 0; i < R * C; ++i) {
-    a[i / C][i % C] =
-        _mm512_mul_ps(_mm512_loadu_ps(acc + (r0 + i / C) * hdp + d0 + (i % C) * kLanes),
-                      _mm512_set1_ps(alpha[r0 + i / C]));
-  }
-  for (int64_t c = 0; c < cols; ++c) {
-    __m512 vv[C];
-#pragma GCC unroll 4
-    for (int j = 0; j < C; ++j) vv[j] = _mm512_loadu_ps(v + c * hdp + d0 + j * kLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 pc = _mm512_set1_ps(p[(r0 + r) * padded + c]);
-#pragma GCC unroll 4
-      for (int j = 0; j < C; ++j) a[r][j] = _mm512_fmadd_ps(pc, vv[j], a[r][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < R * C; ++i) {
-    _mm512_storeu_ps(acc + (r0 + i / C) * hdp + d0 + (i % C) * kLanes, a[i / C][i % C]);
-  }
-}
-
-PRAXIS_AVX512 void AccumulateBlockAvx512(const float* p, int64_t padded, int64_t cols,
-                                         const float* v, int64_t hdp, const float* alpha,
-                                         float* acc) {
-  int64_t d0 = 0;
-  for (; d0 + 4 * kLanes <= hdp; d0 += 4 * kLanes) {
-    AccumulateRowsAvx512<4, 4>(p, padded, cols, v, hdp, alpha, 0, d0, acc);
-    AccumulateRowsAvx512<4, 4>(p, padded, cols, v, hdp, alpha, 4, d0, acc);
-  }
-  for (; d0 < hdp; d0 += kLanes) {
-    AccumulateRowsAvx512<kBlockRows, 1>(p, padded, cols, v, hdp, alpha, 0, d0, acc);
-  }
-}
 #endif
 
 // Whether TileAttention takes the AVX-512 steps: this CPU has them and the caller allows them.
@@ -654,13 +611,11 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   const float* vfp = vf.data_ptr<float>();
   const bool avx512 = UseAvx512(isa);
 #if defined(PRAXIS_AVX512_ATTENTION)
-  const auto score = avx512 ? ScoreBlockAvx512 : ScoreBlockPortable;
+  const auto product = avx512 ? BlockProductAvx512 : BlockProductPortable;
   const auto softmax = avx512 ? SoftmaxRowAvx512 : SoftmaxRowPortable;
-  const auto accumulate = avx512 ? AccumulateBlockAvx512 : AccumulateBlockPortable;
 #else
-  const auto score = ScoreBlockPortable;
+  const auto product = BlockProductPortable;
   const auto softmax = SoftmaxRowPortable;
-  const auto accumulate = AccumulateBlockPortable;
 #endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "TileAttention", [&] {
     const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -695,14 +650,15 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                               : tiles.masks.data() + seg.mask_at + (row0 - tile * block) * padded;
           for (int64_t bk = 0; bk < blocks; ++bk) {
             const int64_t r0 = bk * kBlockRows;
-            score(qf.data() + r0 * hd, hd, kth + seg.start, ldk, padded, s.data());
+            product(qf.data() + r0 * hd, hd, kth + seg.start, ldk, hd, padded, s.data(), padded,
+                    nullptr);
             for (int64_t r = 0; r < kBlockRows; ++r) {
               alpha[r] = softmax(s.data() + r * padded, padded,
                                  mask == nullptr ? nullptr : mask + (r0 + r) * padded, &m[r0 + r],
                                  &l[r0 + r]);
             }
-            accumulate(s.data(), padded, seg.length, vh + seg.start * hdp, hdp, alpha.data(),
-                       acc.data() + r0 * hdp);
+            product(s.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
+                    acc.data() + r0 * hdp, hdp, alpha.data());
           }
         }
         for (int64_t r = 0; r < rows; ++r) {
