@@ -653,9 +653,12 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
             product(qf.data() + r0 * hd, hd, kth + seg.start, ldk, hd, padded, s.data(), padded,
                     nullptr);
             for (int64_t r = 0; r < kBlockRows; ++r) {
-              alpha[r] = softmax(s.data() + r * padded, padded,
-                                 mask == nullptr ? nullptr : mask + (r0 + r) * padded, &m[r0 + r],
-                                 &l[r0 + r]);
+              // Rows past `rows` may lie past the tile's mask (a tile edge not a multiple of
+              // kBlockRows): they go unmasked, and are never stored.
+              const bool masked = mask != nullptr && r0 + r < rows;
+              alpha[r] =
+                  softmax(s.data() + r * padded, padded,
+                          masked ? mask + (r0 + r) * padded : nullptr, &m[r0 + r], &l[r0 + r]);
             }
             product(s.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
                     acc.data() + r0 * hdp, hdp, alpha.data());

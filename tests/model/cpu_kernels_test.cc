@@ -239,7 +239,7 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
   torch::manual_seed(4);
   const WindowLayout layout{
       .registers = 2, .anchor_h = 2, .anchor_w = 3, .text_len = 5, .k = 3, .f = 2, .h = 2, .w = 3};
-  for (int64_t block : {8, 32, 128}) {
+  for (int64_t block : {8, 12, 32, 128}) {  // 12: a tile edge that is not a multiple of 8 rows
     MaskRule rule;
     int64_t t = 0;
     const AttentionPlan plan = Plan(layout, block, &rule, &t);
