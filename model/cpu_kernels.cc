@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -122,25 +123,33 @@ void Store(const float* src, T* dst, int64_t n) {
   }
 }
 
+// Cephes' expf, evaluated by VecExp here and by ExpAvx512 in attention: x = n·ln2 + r with
+// n = round(x·log2 e), r = (x - n·kLn2Hi) + n·kLn2Lo (ln2 in two parts for precision), and
+// e^r = 1 + r + r²·P(r) with P's coefficients kP (highest first); clamped to [kLo, kHi].
+namespace expf_cephes {
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = 2.12194440e-4f;
+constexpr float kRound = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+constexpr float kP[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                        4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+constexpr float kLo = -86.0f, kHi = 89.0f;
+}  // namespace expf_cephes
+
 // e^x to about one float32 ulp in a form the compiler vectorizes (libm's expf is a call per
-// element without -ffast-math): x = n·ln2 + r, |r| <= ln2/2, e^r by Cephes' expf polynomial, then
-// scaled by 2·2^(n-1) so that n = 128 (x up to 88.72) stays finite. It overflows to +inf past
-// float's range as expf does (so silu of a very negative x is -0, as ATen's); below -86 it stays
-// at e^-86, where 1 + e^x is 1 (silu of a very positive x is x exactly).
-// `lo` and `hi` are -86 and 89, passed in at run time: given constants, GCC splits the caller's
+// element without -ffast-math): expf_cephes, then scaled by 2·2^(n-1) so that n = 128 (x up to
+// 88.72) stays finite. It overflows to +inf past float's range as expf does (so silu of a very
+// negative x is -0, as ATen's); below -86 it stays at e^-86, where 1 + e^x is 1 (silu of a very
+// positive x is x exactly).
+// `lo` and `hi` are kLo and kHi, passed in at run time: given constants, GCC splits the caller's
 // loop by the clamp's ranges into three masked paths with a division each (3x the divisions).
 inline float VecExp(float x, float lo, float hi) {
+  using namespace expf_cephes;
   x = std::min(std::max(x, lo), hi);
-  constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-  const float t = x * 1.44269504088896341f + kMagic;
-  const float n = t - kMagic;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float t = x * kLog2e + kRound;
+  const float n = t - kRound;
+  const float r = (x - n * kLn2Hi) + n * kLn2Lo;
+  float p = kP[0];
+  for (size_t i = 1; i < std::size(kP); ++i) p = p * r + kP[i];
   const float er = p * r * r + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 126) << 23;  // 2^(n-1)
   float scale;
@@ -149,7 +158,7 @@ inline float VecExp(float x, float lo, float hi) {
 }
 
 // VecExp's clamp bounds, read once per row (see VecExp).
-volatile float exp_clamp_lo = -86.0f, exp_clamp_hi = 89.0f;
+volatile float exp_clamp_lo = expf_cephes::kLo, exp_clamp_hi = expf_cephes::kHi;
 
 // a[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN.
 PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
@@ -310,21 +319,17 @@ PRAXIS_AVX512 float HorizontalSum(__m512 x) {
   return _mm512_cvtss_f32(x);
 }
 
-// e^x for x <= 0 by VecExp's polynomial; e^-inf is exactly 0.
+// e^x for x <= 0 by expf_cephes (as VecExp, scaled by 2^n: n <= 0 here); e^-inf is exactly 0.
 PRAXIS_AVX512 __m512 ExpAvx512(__m512 x) {
+  using namespace expf_cephes;
   const __mmask16 masked = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
-  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-86.0f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
-                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(kLo));
+  const __m512 round = _mm512_set1_ps(kRound);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), round), round);
+  const __m512 r =
+      _mm512_fmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+  __m512 p = _mm512_set1_ps(kP[0]);
+  for (size_t i = 1; i < std::size(kP); ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
   const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_maskz_slli_epi32(
       kAll, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll, n), _mm512_set1_epi32(127)), 23);
