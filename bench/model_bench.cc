@@ -116,7 +116,7 @@ void BM_EncoderAttention(benchmark::State& state) {
   const double flops = 4.0 * c.head_dim() * c.num_heads * AllowedPairs(rule, tags, tags);
   if (state.range(0) == 0) {
     const AttentionPlan plan = BuildAttentionPlan(*BuildBlockMask(rule, tags, tags, 128), rule,
-                                                  torch::kCPU, torch::kBFloat16);
+                                                  torch::kCPU, torch::kBFloat16, c.head_dim());
     state.counters["groups"] = static_cast<double>(plan.groups.size());
     for (auto _ : state) benchmark::DoNotOptimize(SparseAttention(q, k, v, plan, scale));
   } else {

@@ -231,7 +231,13 @@ int64_t AttentionPlan::nbytes() const {
 }
 
 AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
-                                 torch::ScalarType dtype) {
+                                 torch::ScalarType dtype, int64_t head_dim) {
+  AttentionPlan plan;
+  plan.length = mask.q_len;
+  if (!device.is_cuda() && head_dim <= TileAttentionMaxHeadDim(dtype)) {
+    plan.tiles = BuildTiles(mask, rule);
+    return plan;
+  }
   using Pattern = std::pair<std::vector<int32_t>, std::vector<int32_t>>;  // (full, partial)
   std::map<Pattern, std::vector<int32_t>> groups;  // ordered: deterministic plans
   for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
@@ -240,9 +246,6 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
     if (p.first.empty() && p.second.empty()) continue;  // attends nothing: output stays zero
     groups[std::move(p)].push_back(static_cast<int32_t>(i));
   }
-  AttentionPlan plan;
-  plan.length = mask.q_len;
-  if (!device.is_cuda()) plan.tiles = BuildTiles(mask, rule);
   for (const auto& [pattern, q_tiles] : groups) {
     AttentionPlan::Group g;
     const torch::Tensor q = TileTokens(q_tiles, mask.block_size, mask.q_len);
@@ -276,10 +279,7 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale) {
-  if (!q.is_cuda() && q.size(3) <= TileAttentionMaxHeadDim(q.scalar_type()) &&
-      !plan.tiles.first.empty()) {
-    return cpu::TileAttention(q, k, v, plan.tiles, scale);
-  }
+  if (!plan.tiles.first.empty()) return cpu::TileAttention(q, k, v, plan.tiles, scale);
   if (plan.UseDense(q.size(0)) && !q.is_cuda() &&
       plan.dense_bias.scalar_type() == q.scalar_type()) {
     // A row with no allowed key comes back 0 from the kernel, as the groups leave it.

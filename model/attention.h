@@ -48,8 +48,8 @@ struct AttentionPlan {
   // and never on CUDA (there the groups run; UseDense's costs are CPU measurements).
   torch::Tensor dense_bias;
   int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
-  // On the CPU: every segment of key tiles for cpu::TileAttention, which runs the whole attention
-  // at head dims up to TileAttentionMaxHeadDim (the groups and dense_bias above it).
+  // On the CPU at head dims up to TileAttentionMaxHeadDim: every segment of key tiles for
+  // cpu::TileAttention, which then runs the whole attention (the plan has no groups, no bias).
   cpu::AttentionTiles tiles;
 
   // Whether a batch of `rows` runs as one dense call: the groups' pairs plus a fixed cost per
@@ -60,9 +60,11 @@ struct AttentionPlan {
 };
 
 // Groups the query tiles of `mask` by their (full, partial) key-tile pattern; `rule` gives the
-// pairs inside partial tiles (evaluated on those tiles only); `dtype` is the attention dtype.
+// pairs inside partial tiles (evaluated on those tiles only); `dtype` is the attention dtype and
+// `head_dim` its heads' width. On the CPU at head dims up to TileAttentionMaxHeadDim(dtype) the
+// plan holds TileAttention's tiles instead.
 AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
-                                 torch::ScalarType dtype);
+                                 torch::ScalarType dtype, int64_t head_dim);
 
 // k or v [B, kvH, T, hd] repeated to [B, heads, T, hd]: kv head j serves the heads/kvH consecutive
 // query heads from j·heads/kvH. The input itself when kvH == heads.

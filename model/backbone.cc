@@ -122,7 +122,7 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> VideoBackbone::Mask(const MaskK
     PRAXIS_ASSIGN_OR_RETURN(BlockMask block, BuildBlockMask(rule, tags, tags, key.block_size));
     TowerMask m{std::move(block), {}, {}};
     if (options_.attention == AttentionMode::kSparse) {
-      m.plan = BuildAttentionPlan(m.block, rule, options_.device, dtype());
+      m.plan = BuildAttentionPlan(m.block, rule, options_.device, dtype(), config_.head_dim());
     } else {
       m.dense = DenseMask(rule, tags.length(), tags.length()).to(options_.device);
     }

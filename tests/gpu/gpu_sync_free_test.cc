@@ -100,7 +100,8 @@ AttentionPlan Plan(torch::Device device, torch::ScalarType dt, MaskRule* rule, i
   TokenTags tags = *WindowTags(key.slots, key.chunk_size);
   *rule = ChunkCausalRule(tags);
   *length = tags.length();
-  return BuildAttentionPlan(*BuildBlockMask(*rule, tags, tags, 16), *rule, device, dt);
+  // The head dim only picks TileAttention's tiles on the CPU; the groups serve any.
+  return BuildAttentionPlan(*BuildBlockMask(*rule, tags, tags, 16), *rule, device, dt, 128);
 }
 
 TEST(GpuSyncFreeTest, PartialTilesRunTheEfficientKernelEqualDenseAndCapture) {

@@ -185,15 +185,17 @@ TEST(CpuKernelsTest, GateHeadsEqualsTransposeTimesSigmoidInEveryDtype) {
   EXPECT_THROW(cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 3})), c10::Error);
 }
 
-// An encoder layout's plan on a block size small enough that it has several groups.
-AttentionPlan Plan(const WindowLayout& layout, int64_t block, MaskRule* rule_out, int64_t* length) {
+// An encoder layout's float32 CPU plan on a block size small enough that it has several groups
+// (at a head dim above TileAttentionMaxHeadDim; TileAttention's tiles at or below it).
+AttentionPlan Plan(const WindowLayout& layout, int64_t block, int64_t head_dim, MaskRule* rule_out,
+                   int64_t* length) {
   const MaskKey key = EncoderMaskKey(layout, block);
   TokenTags tags = *WindowTags(key.slots, key.chunk_size);
   const MaskRule rule = ChunkCausalRule(tags);
   const BlockMask mask = *BuildBlockMask(rule, tags, tags, block);
   *rule_out = rule;
   *length = tags.length();
-  return BuildAttentionPlan(mask, rule, torch::kCPU, torch::kFloat32);
+  return BuildAttentionPlan(mask, rule, torch::kCPU, torch::kFloat32, head_dim);
 }
 
 TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHeads) {
@@ -202,10 +204,11 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
       .registers = 2, .anchor_h = 2, .anchor_w = 3, .text_len = 5, .k = 3, .f = 2, .h = 2, .w = 3};
   MaskRule rule;
   int64_t t = 0;
-  const AttentionPlan plan = Plan(layout, 8, &rule, &t);
+  const AttentionPlan plan = Plan(layout, 8, 80, &rule, &t);
   ASSERT_TRUE(plan.dense_bias.defined()) << "a short layout keeps its dense bias";
+  ASSERT_TRUE(plan.tiles.first.empty()) << "no TileAttention tiles above its head dims";
   ASSERT_GT(plan.groups.size(), 1u);
-  // Head dim 80: at it the CPU runs LibTorch's flash kernel, by groups or as one dense call
+  // Head dim 80: there the CPU runs LibTorch's flash kernel, by groups or as one dense call
   // (TileAttention takes the small head dims; TileAttentionTest).
   ASSERT_GT(80, TileAttentionMaxHeadDim(torch::kFloat32));
   const torch::Tensor q = torch::randn({2, 4, t, 80});
@@ -242,7 +245,10 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
   for (int64_t block : {8, 12, 32, 128}) {  // 12: a tile edge that is not a multiple of 8 rows
     MaskRule rule;
     int64_t t = 0;
-    const AttentionPlan plan = Plan(layout, block, &rule, &t);
+    // The tiles do not depend on the head dim: one plan serves every hd below.
+    const AttentionPlan plan = Plan(layout, block, 16, &rule, &t);
+    ASSERT_FALSE(plan.tiles.first.empty());
+    EXPECT_TRUE(plan.groups.empty() && !plan.dense_bias.defined()) << "nothing else built";
     const torch::Tensor all = torch::arange(t, torch::kInt64);
     const torch::Tensor allowed = rule(all, all);
     for (int64_t hd : {16, 24, 64}) {
