@@ -49,12 +49,14 @@ constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
 
 // LibTorch's flash kernel at head dims up to 32 is bound by its softmax and per-block work, not by
 // its GEMMs; in float32 up to 64 its GEMMs are FMAs like ours. There TileAttention wins, also by
-// skipping the empty tiles; in bf16 above 32 the flash kernel's GEMMs (AMX) win. Measured at stop
-// 22 (docs/benchmarks.md).
+// skipping the empty tiles. In bf16 above 32 the flash kernel's AMX GEMMs beat our float32 FMAs
+// (stop 22), so there TileAttention runs only where it takes the matrix units too (stop 23).
+// Measured in docs/benchmarks.md.
 int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype) {
   static const char* const env = std::getenv("PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM");
   if (env != nullptr) return std::atoll(env);
-  return dtype == torch::kFloat32 ? 64 : 32;
+  if (dtype == torch::kFloat32) return 64;
+  return dtype == torch::kBFloat16 && cpu::HasBf16MatrixUnits() ? 256 : cpu::kNarrowHeadDim;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -223,13 +224,23 @@ void BlockProductPortable(const float* a, int64_t lda, const float* b, int64_t l
   }
 }
 
-// A row's online-softmax step between the two: s becomes p = e^(s - m') where `mask` (padded bytes;
-// null: every column) allows and 0 elsewhere, m and l the running max and sum; returns the factor
-// that rescales the row's earlier sum (1 while nothing is allowed).
-float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float* m, float* l) {
+// Folds a row's new max m' and its sum of e^(x - m') into the running m and l; returns the
+// factor that rescales the row's earlier sum and output (0 when nothing was allowed before).
+float FoldRow(float* m, float* l, float m_new, float sum) {
+  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+  *l = *l * alpha + sum;
+  *m = m_new;
+  return alpha;
+}
+
+// A row's online-softmax step between the two: the scores s (q·kᵀ) become p = e^(s·scale - m')
+// where `mask` (padded bytes; null: every column) allows and 0 elsewhere, m and l the running max
+// and sum; returns the factor that rescales the row's earlier sum (1 while nothing is allowed).
+float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float scale, float* m,
+                         float* l) {
   float mx = kNegInf;
   for (int64_t c = 0; c < padded; ++c) {
-    if (mask != nullptr && mask[c] == 0) s[c] = kNegInf;
+    s[c] = mask != nullptr && mask[c] == 0 ? kNegInf : s[c] * scale;
     mx = std::max(mx, s[c]);
   }
   const float m_new = std::max(*m, mx);
@@ -242,15 +253,14 @@ float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float* m
     s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
     sum += s[c];
   }
-  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
-  *l = *l * alpha + sum;
-  *m = m_new;
-  return alpha;
+  return FoldRow(m, l, m_new, sum);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PRAXIS_AVX512_ATTENTION 1
 #define PRAXIS_AVX512 __attribute__((target("avx512f")))
+// For the per-vector steps of the softmax loops: GCC does not always inline them there.
+#define PRAXIS_AVX512_INLINE inline __attribute__((target("avx512f"), always_inline))
 
 // The same steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
 // BlockProduct's rows [r0, r0 + R) and columns [n0, n0 + C·kLanes) in R·C registers: each b load
@@ -320,7 +330,7 @@ PRAXIS_AVX512 float HorizontalSum(__m512 x) {
 }
 
 // e^x for x <= 0 by expf_cephes (as VecExp, scaled by 2^n: n <= 0 here); e^-inf is exactly 0.
-PRAXIS_AVX512 __m512 ExpAvx512(__m512 x) {
+PRAXIS_AVX512_INLINE __m512 ExpAvx512(__m512 x) {
   using namespace expf_cephes;
   const __mmask16 masked = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(kLo));
@@ -336,36 +346,84 @@ PRAXIS_AVX512 __m512 ExpAvx512(__m512 x) {
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~masked), er, _mm512_castsi512_ps(bits));
 }
 
-PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* mask, float* m,
-                                     float* l) {
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  __m512 mx = neg_inf;
-  for (int64_t c = 0; c < padded; c += kLanes) {
-    __m512 x = _mm512_loadu_ps(s + c);
-    if (mask != nullptr) {
-      const __m512i allowed = _mm512_maskz_cvtepu8_epi32(
-          kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + c)));
-      x = _mm512_mask_mov_ps(neg_inf, _mm512_test_epi32_mask(allowed, allowed), x);
-      _mm512_storeu_ps(s + c, x);
-    }
-    mx = _mm512_mask_max_ps(mx, kAll, mx, x);
+// `mask`'s 16 bytes from column c as lanes (0 where not allowed); every lane without a mask.
+PRAXIS_AVX512_INLINE __mmask16 AllowedLanes(const uint8_t* mask, int64_t c) {
+  if (mask == nullptr) return kAll;
+  const __m512i allowed =
+      _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + c)));
+  return _mm512_test_epi32_mask(allowed, allowed);
+}
+
+// The max of a row's allowed scores, times scale (> 0): -inf where none is allowed. Two
+// accumulators, so that consecutive maxes do not wait on each other.
+PRAXIS_AVX512_INLINE float MaskedRowMax(const float* s, int64_t padded, const uint8_t* mask,
+                                        float scale) {
+  __m512 mx0 = _mm512_set1_ps(kNegInf), mx1 = mx0;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
+    mx0 = _mm512_mask_max_ps(mx0, AllowedLanes(mask, c), mx0, _mm512_loadu_ps(s + c));
+    mx1 = _mm512_mask_max_ps(mx1, AllowedLanes(mask, c + kLanes), mx1,
+                             _mm512_loadu_ps(s + c + kLanes));
   }
-  const float m_new = std::max(*m, HorizontalMax(mx));
+  if (c < padded) mx0 = _mm512_mask_max_ps(mx0, AllowedLanes(mask, c), mx0, _mm512_loadu_ps(s + c));
+  return HorizontalMax(_mm512_mask_max_ps(mx0, kAll, mx0, mx1)) * scale;
+}
+
+// The allowed lanes of e^(s·scale - m') from column c, 0 elsewhere.
+PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64_t c, __m512 factor,
+                                      __m512 shift) {
+  return ExpAvx512(_mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), AllowedLanes(mask, c),
+                                      _mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift)));
+}
+
+// SoftmaxRowPortable's step in two passes over the scores, scaled and masked on the fly: their
+// max, then p in place and its sum.
+PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* mask, float scale,
+                                     float* m, float* l) {
+  const float m_new = std::max(*m, MaskedRowMax(s, padded, mask, scale));
   if (m_new == kNegInf) {
     std::fill(s, s + padded, 0.0f);
     return 1.0f;
   }
-  const __m512 shift = _mm512_set1_ps(m_new);
+  const __m512 factor = _mm512_set1_ps(scale), shift = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t c = 0; c < padded; c += kLanes) {
-    const __m512 p = ExpAvx512(_mm512_sub_ps(_mm512_loadu_ps(s + c), shift));
-    _mm512_storeu_ps(s + c, p);
-    sum = _mm512_add_ps(sum, p);
+    const __m512 e = MaskedExp(s, mask, c, factor, shift);
+    _mm512_storeu_ps(s + c, e);
+    sum = _mm512_add_ps(sum, e);
   }
-  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
-  *l = *l * alpha + HorizontalSum(sum);
-  *m = m_new;
-  return alpha;
+  return FoldRow(m, l, m_new, HorizontalSum(sum));
+}
+
+// The same step for the matrix units: p written as bf16 (round to nearest even, by the CPU's
+// AVX512-BF16 conversion, which every CPU with AMX-BF16 has), 32 columns per iteration with two
+// sums (one chain of adds would wait on each add's latency).
+__attribute__((target("avx512f,avx512bf16"))) float SoftmaxRowToBf16(const float* s, int64_t padded,
+                                                                     const uint8_t* mask,
+                                                                     float scale, float* m,
+                                                                     float* l, at::BFloat16* p) {
+  const float m_new = std::max(*m, MaskedRowMax(s, padded, mask, scale));
+  if (m_new == kNegInf) {
+    std::fill(p, p + padded, at::BFloat16(0.0f));
+    return 1.0f;
+  }
+  const __m512 factor = _mm512_set1_ps(scale), shift = _mm512_set1_ps(m_new);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift);
+    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift);
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+    _mm512_storeu_si512(p + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
+  }
+  if (c < padded) {
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift);
+    sum0 = _mm512_add_ps(sum0, e0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e0)));
+  }
+  return FoldRow(m, l, m_new, HorizontalSum(_mm512_add_ps(sum0, sum1)));
 }
 
 #endif
@@ -374,7 +432,7 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
 bool UseAvx512(AttentionIsa isa) {
 #if defined(PRAXIS_AVX512_ATTENTION)
   static const bool has = __builtin_cpu_supports("avx512f");
-  return isa == AttentionIsa::kBest && has;
+  return isa != AttentionIsa::kPortable && has;
 #else
   (void)isa;
   return false;
@@ -573,10 +631,112 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
   return r;
 }
 
+bool HasBf16MatrixUnits() {
+#if defined(PRAXIS_AVX512_ATTENTION)
+  // could_pack: oneDNN's brgemm takes VNNI-packed bf16 here, i.e. the CPU has AMX-BF16.
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bf16") &&
+                          at::native::cpublas::could_pack(at::kBFloat16);
+  return has;
+#else
+  return false;
+#endif
+}
+
 int64_t AttentionTiles::nbytes() const {
   return static_cast<int64_t>(first.size() * sizeof(int64_t) + segments.size() * sizeof(Segment) +
                               masks.size());
 }
+
+namespace {
+
+#if defined(PRAXIS_AVX512_ATTENTION)
+// Query rows per task on the matrix units: two 16-row AMX tiles per product.
+constexpr int64_t kMatrixRows = 32;
+
+// TileAttention in bf16 with both products on the matrix units (oneDNN's brgemm, bf16 in, float32
+// out) and the online softmax between them in AVX-512, as TileAttention's float32 path: per task
+// of kMatrixRows query rows and per key segment, s = q·kᵀ, p = softmax step (rounded to bf16),
+// acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge are even.
+torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, const AttentionTiles& tiles,
+                                       double scale) {
+  using at::native::cpublas::brgemm;
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
+  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
+  // brgemm's B operands in the VNNI layout (two consecutive rows of the product's inner dimension
+  // interleaved, one 32-bit word per pair), zero past the keys: a segment's padded columns score
+  // 0 (its mask removes them) and its padded keys carry no value. Keys: B of q·kᵀ, [hd/2, ldk]
+  // words, i.e. k's rows read as words, transposed. Values: B of p·v, [ldk/2, hd] words.
+  const int64_t ldk = PadToLanes(kv_len) + kLanes;
+  torch::Tensor kp = torch::zeros({b, kvh, hd / 2, ldk}, torch::kInt32);
+  kp.narrow(3, 0, kv_len).copy_(k.contiguous().view(torch::kInt32).transpose(2, 3));
+  torch::Tensor vpad = torch::zeros({b, kvh, ldk, hd}, v.options());
+  vpad.narrow(2, 0, kv_len).copy_(v);
+  const torch::Tensor vp = vpad.view({b, kvh, ldk / 2, 2, hd}).transpose(3, 4).contiguous();
+  torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
+  int64_t widest = 0;  // the longest segment's padded length: the score and probability rows
+  for (const AttentionTiles::Segment& seg : tiles.segments) {
+    widest = std::max(widest, PadToLanes(seg.length));
+  }
+  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
+  const int64_t parts = (block + kMatrixRows - 1) / kMatrixRows;
+  const int64_t tasks = b * h * q_tiles * parts;
+  const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
+  const auto* qp = q.data_ptr<at::BFloat16>();
+  const auto* kpp = reinterpret_cast<const at::BFloat16*>(kp.data_ptr<int32_t>());
+  const auto* vpp = reinterpret_cast<const at::BFloat16*>(vp.data_ptr());
+  auto* op = out.data_ptr<at::BFloat16>();
+  const float factor = static_cast<float>(scale);
+  at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
+    std::vector<float> s(kMatrixRows * widest), acc(kMatrixRows * hd), m(kMatrixRows),
+        l(kMatrixRows);
+    std::vector<at::BFloat16> p(kMatrixRows * widest);
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t part = task % parts, tile = task / parts % q_tiles,
+                    hi = task / (parts * q_tiles) % h, bi = task / (parts * q_tiles * h);
+      const int64_t row0 = tile * block + part * kMatrixRows;
+      const int64_t rows = std::min({kMatrixRows, t - row0, (tile + 1) * block - row0});
+      if (rows <= 0) continue;
+      const int64_t kv = bi * kvh + hi / group;
+      const at::BFloat16* qrows = qp + bi * sb + hi * sh + row0 * st;
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.0f);
+      bool first = true;
+      for (int64_t e = tiles.first[tile]; e < tiles.first[tile + 1]; ++e) {
+        const AttentionTiles::Segment& seg = tiles.segments[e];
+        const int64_t padded = PadToLanes(seg.length);
+        const uint8_t* mask =
+            seg.mask_at < 0 ? nullptr
+                            : tiles.masks.data() + seg.mask_at + (row0 - tile * block) * padded;
+        brgemm(rows, padded, hd, st, ldk, widest, /*add_C=*/false, qrows,
+               kpp + kv * hd * ldk + seg.start * 2, s.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = s.data() + r * widest;
+          const float alpha =
+              SoftmaxRowToBf16(sr, padded, mask == nullptr ? nullptr : mask + r * padded, factor,
+                               &m[r], &l[r], p.data() + r * widest);
+          if (!first) ScaleBy(acc.data() + r * hd, alpha, hd);
+        }
+        brgemm(rows, hd, padded, widest, hd, hd, /*add_C=*/!first, p.data(),
+               vpp + kv * ldk * hd + seg.start * hd, acc.data());
+        first = false;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* ar = acc.data() + r * hd;
+        if (first) std::fill(ar, ar + hd, 0.0f);  // the tile attends no key
+        ScaleBy(ar, l[r] > 0 ? 1.0f / l[r] : 0.0f, hd);
+        Store(ar, op + ((bi * h + hi) * t + row0 + r) * hd, hd);
+      }
+    }
+    // Give the tile configuration back: LibTorch's kernels assume theirs is still loaded.
+    at::native::cpublas::brgemm_release();
+  });
+  return out;
+}
+#endif
+
+}  // namespace
 
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale, AttentionIsa isa) {
@@ -584,14 +744,20 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   TORCH_CHECK(!q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() &&
                   k.size(0) == b && k.size(3) == hd && k.size(1) > 0 && h % k.size(1) == 0 &&
                   q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
-                  q.stride(3) == 1,
+                  q.stride(3) == 1 && scale > 0,
               "cpu::TileAttention: expected CPU q [B, H, T, hd] and k, v [B, kvH, T, hd] of one "
-              "dtype, kvH dividing H, q's last stride 1");
+              "dtype, kvH dividing H, q's last stride 1, and a positive scale");
   TORCH_CHECK(
       t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
           static_cast<int64_t>(tiles.first.size()) == (t + tiles.block - 1) / tiles.block + 1,
       "cpu::TileAttention: tiles of another layout");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
+#if defined(PRAXIS_AVX512_ATTENTION)
+  if (isa == AttentionIsa::kBest && q.scalar_type() == at::kBFloat16 && hd > kNarrowHeadDim &&
+      hd % 2 == 0 && tiles.block % 2 == 0 && HasBf16MatrixUnits()) {
+    return TileAttentionMatrixUnits(q, k, v, tiles, scale);
+  }
+#endif
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
   // A segment starts anywhere (a tile edge need not be a multiple of kLanes): its padded score
   // row reads up to kLanes - 1 columns past the keys, kept in bounds by kLanes columns of zeros.
@@ -615,6 +781,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   const float* ktp = kt.data_ptr<float>();
   const float* vfp = vf.data_ptr<float>();
   const bool avx512 = UseAvx512(isa);
+  const float factor = static_cast<float>(scale);
 #if defined(PRAXIS_AVX512_ATTENTION)
   const auto product = avx512 ? BlockProductAvx512 : BlockProductPortable;
   const auto softmax = avx512 ? SoftmaxRowAvx512 : SoftmaxRowPortable;
@@ -641,7 +808,6 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
         std::fill(qf.begin(), qf.end(), 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           Load(qp + bi * sb + hi * sh + (row0 + r) * st, qf.data() + r * hd, hd);
-          ScaleBy(qf.data() + r * hd, static_cast<float>(scale), hd);
         }
         std::fill(m.begin(), m.end(), kNegInf);
         std::fill(l.begin(), l.end(), 0.0f);
@@ -661,9 +827,9 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
               // Rows past `rows` may lie past the tile's mask (a tile edge not a multiple of
               // kBlockRows): they go unmasked, and are never stored.
               const bool masked = mask != nullptr && r0 + r < rows;
-              alpha[r] =
-                  softmax(s.data() + r * padded, padded,
-                          masked ? mask + (r0 + r) * padded : nullptr, &m[r0 + r], &l[r0 + r]);
+              alpha[r] = softmax(s.data() + r * padded, padded,
+                                 masked ? mask + (r0 + r) * padded : nullptr, factor, &m[r0 + r],
+                                 &l[r0 + r]);
             }
             product(s.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
                     acc.data() + r0 * hdp, hdp, alpha.data());

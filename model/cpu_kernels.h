@@ -74,14 +74,26 @@ struct AttentionTiles {
 };
 
 // softmax(q·kᵀ·scale)·v over the allowed pairs of `tiles` only: one pass per query row block over
-// its key tiles with an online softmax, float32 arithmetic. q [B, H, T, hd], k, v [B, kvH, T, hd]
-// (kvH divides H; kv head j serves query heads j·H/kvH …), any float dtype, last stride 1.
+// its key tiles with an online softmax in float32. q [B, H, T, hd], k, v [B, kvH, T, hd] (kvH
+// divides H; kv head j serves query heads j·H/kvH …), any float dtype, last stride 1; scale > 0.
 // Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0.
-// kBest takes AVX-512 where the CPU has it; kPortable plain loops (tests compare the two).
-enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1 };
+// The two products run as float32 FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest
+// also takes the bf16 matrix units for bf16 heads wider than kNarrowHeadDim where the CPU has
+// them (HasBf16MatrixUnits; the probabilities are then rounded to bf16 before p·v, as LibTorch's
+// flash kernel does). Tests compare every one.
+enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
                             AttentionIsa isa = AttentionIsa::kBest);
+
+// 16-bit heads up to this width run on float32 FMAs: matrix units (AMX's products are 32 deep)
+// and LibTorch's flash kernel spend as much on a narrow head's padding and per-block work as on
+// its products (measured: tiny config, head dim 16, docs/benchmarks.md stops 22 and 23).
+inline constexpr int64_t kNarrowHeadDim = 32;
+
+// Whether this CPU multiplies bf16 matrices on matrix units (AMX, through oneDNN's brgemm as
+// LibTorch's own kernels use them), where TileAttention takes them for bf16 (kBest).
+bool HasBf16MatrixUnits();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
 // h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits, any strides and

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -251,7 +252,7 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
     EXPECT_TRUE(plan.groups.empty() && !plan.dense_bias.defined()) << "nothing else built";
     const torch::Tensor all = torch::arange(t, torch::kInt64);
     const torch::Tensor allowed = rule(all, all);
-    for (int64_t hd : {16, 24, 64}) {
+    for (int64_t hd : {16, 24, 40, 64}) {  // 40: a bf16 product depth that is not a multiple of 32
       // q as attention gets it from a projection: a transposed view with unit last stride.
       const torch::Tensor q = torch::randn({2, t, 4, hd}).transpose(1, 2);
       const torch::Tensor k = torch::randn({2, 2, t, hd});  // two query heads per kv head
@@ -261,11 +262,18 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
         const double tol = dt == torch::kFloat32 ? 1e-5 : dt == torch::kHalf ? 5e-3 : 3e-2;
         const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
         const torch::Tensor want_d = MaskedAttentionOracle(qd, kd, vd, allowed, 0.3);
-        for (auto isa : {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kPortable}) {
-          const torch::Tensor got = cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa);
-          ASSERT_EQ(got.scalar_type(), dt);
-          EXPECT_LE(MaxAbsDiff(got, dt == torch::kFloat32 ? want : want_d), tol)
+        std::map<cpu::AttentionIsa, torch::Tensor> got;
+        for (auto isa :
+             {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kAvx512, cpu::AttentionIsa::kPortable}) {
+          got[isa] = cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa);
+          ASSERT_EQ(got[isa].scalar_type(), dt);
+          EXPECT_LE(MaxAbsDiff(got[isa], dt == torch::kFloat32 ? want : want_d), tol)
               << "block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
+        }
+        if (dt == torch::kBFloat16 && hd > cpu::kNarrowHeadDim && cpu::HasBf16MatrixUnits()) {
+          // The matrix units round p to bf16: their output differs from the float32 FMAs'.
+          EXPECT_FALSE(torch::equal(got[cpu::AttentionIsa::kBest], got[cpu::AttentionIsa::kAvx512]))
+              << "bf16 took the matrix units";
         }
       }
     }
@@ -293,14 +301,21 @@ TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
   }
   tiles.segments = {{.start = 0, .length = t, .mask_at = 0}, {.start = 0, .length = 16}};
   tiles.first = {0, 1, 1, 2};
-  const torch::Tensor q = torch::randn({1, 2, t, 16}), k = torch::randn({1, 1, t, 16}),
-                      v = torch::randn({1, 1, t, 16});
+  // Head dim 64: wide enough for the matrix units in bf16.
+  const torch::Tensor q = torch::randn({1, 2, t, 64}), k = torch::randn({1, 1, t, 64}),
+                      v = torch::randn({1, 1, t, 64});
   const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.25);
-  for (auto isa : {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kPortable}) {
-    const torch::Tensor got = cpu::TileAttention(q, k, v, tiles, 0.25, isa);
-    EXPECT_LE(MaxAbsDiff(got, want), 1e-5) << int(isa);
-    EXPECT_EQ(got.select(2, 0).abs().max().item<float>(), 0.0f);
-    EXPECT_EQ(got.narrow(2, 8, 8).abs().max().item<float>(), 0.0f);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {  // bf16: the matrix units where present
+    const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+    const torch::Tensor want_d =
+        dt == torch::kFloat32 ? want : MaskedAttentionOracle(qd, kd, vd, allowed, 0.25);
+    for (auto isa :
+         {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kAvx512, cpu::AttentionIsa::kPortable}) {
+      const torch::Tensor got = cpu::TileAttention(qd, kd, vd, tiles, 0.25, isa);
+      EXPECT_LE(MaxAbsDiff(got, want_d), dt == torch::kFloat32 ? 1e-5 : 3e-2) << int(isa) << dt;
+      EXPECT_EQ(got.select(2, 0).abs().max().item<float>(), 0.0f);
+      EXPECT_EQ(got.narrow(2, 8, 8).abs().max().item<float>(), 0.0f);
+    }
   }
   EXPECT_THROW(cpu::TileAttention(q.narrow(2, 0, 16), k, v, tiles, 0.25), c10::Error)
       << "tiles of another layout";
