@@ -665,6 +665,56 @@ namespace {
 // to balance on small layouts) (stop 23).
 constexpr int64_t kMatrixRows = 64;
 
+// k and v [B, kvH, kv_len, hd] (bf16, any strides with the last 1) as brgemm's B operands in the
+// VNNI layout (two consecutive rows of the product's inner dimension interleaved, one 32-bit word
+// per pair), zero past the keys up to ldk (even): a segment's padded columns then score 0 (its
+// mask removes them) and its padded keys carry no value. Keys, B of q·kᵀ: kp [B, kvH, hd/2, ldk]
+// words, k's rows read as words and transposed. Values, B of p·v: vp [B, kvH, ldk/2, hd] words,
+// rows 2j and 2j + 1 interleaved. One pass over each, in blocks of 16 keys (a cache line of kp).
+void PackVnni(const torch::Tensor& k, const torch::Tensor& v, int64_t ldk, int32_t* kp,
+              int32_t* vp) {
+  const int64_t b = k.size(0), kvh = k.size(1), kv_len = k.size(2), hd = k.size(3);
+  const int64_t words = hd / 2, blocks = ldk / kLanes;
+  const auto* kb = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
+  const auto* vb = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  at::parallel_for(0, b * kvh * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t head = task / blocks, n0 = task % blocks * kLanes;
+      const int64_t bi = head / kvh, hi = head % kvh;
+      const uint16_t* kh = kb + bi * k.stride(0) + hi * k.stride(1);
+      const uint16_t* vh = vb + bi * v.stride(0) + hi * v.stride(1);
+      int32_t* kd = kp + head * words * ldk;
+      int32_t* vd = vp + head * (ldk / 2) * hd;
+      // A pair of bf16 as brgemm reads it: the first in the low half.
+      auto word = [](uint16_t first, uint16_t second) {
+        return static_cast<int32_t>(static_cast<uint32_t>(first) | static_cast<uint32_t>(second)
+                                                                       << 16);
+      };
+      for (int64_t n = n0; n < n0 + kLanes; ++n) {
+        if (n >= kv_len) {
+          for (int64_t i = 0; i < words; ++i) kd[i * ldk + n] = 0;
+          continue;
+        }
+        const uint16_t* row = kh + n * k.stride(2);
+        for (int64_t i = 0; i < words; ++i) kd[i * ldk + n] = word(row[2 * i], row[2 * i + 1]);
+      }
+      for (int64_t j = n0 / 2; j < (n0 + kLanes) / 2; ++j) {
+        int32_t* dst = vd + j * hd;
+        if (2 * j >= kv_len) {
+          std::fill(dst, dst + hd, 0);
+          continue;
+        }
+        const uint16_t* a = vh + 2 * j * v.stride(2);
+        if (2 * j + 1 < kv_len) {
+          for (int64_t c = 0; c < hd; ++c) dst[c] = word(a[c], a[c + v.stride(2)]);
+        } else {  // the last key of an odd count: its pair is zero
+          for (int64_t c = 0; c < hd; ++c) dst[c] = word(a[c], 0);
+        }
+      }
+    }
+  });
+}
+
 // TileAttention in bf16 with both products on the matrix units (oneDNN's brgemm, bf16 in, float32
 // out) and the online softmax between them in AVX-512, as TileAttention's float32 path: per task
 // of kMatrixRows query rows and per key segment, s = q·kᵀ, p = softmax step (rounded to bf16),
@@ -675,16 +725,10 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
   using at::native::cpublas::brgemm;
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
-  // brgemm's B operands in the VNNI layout (two consecutive rows of the product's inner dimension
-  // interleaved, one 32-bit word per pair), zero past the keys: a segment's padded columns score
-  // 0 (its mask removes them) and its padded keys carry no value. Keys: B of q·kᵀ, [hd/2, ldk]
-  // words, i.e. k's rows read as words, transposed. Values: B of p·v, [ldk/2, hd] words.
   const int64_t ldk = PadToLanes(kv_len) + kLanes;
-  torch::Tensor kp = torch::zeros({b, kvh, hd / 2, ldk}, torch::kInt32);
-  kp.narrow(3, 0, kv_len).copy_(k.contiguous().view(torch::kInt32).transpose(2, 3));
-  torch::Tensor vpad = torch::zeros({b, kvh, ldk, hd}, v.options());
-  vpad.narrow(2, 0, kv_len).copy_(v);
-  const torch::Tensor vp = vpad.view({b, kvh, ldk / 2, 2, hd}).transpose(3, 4).contiguous();
+  const torch::Tensor kp = torch::empty({b, kvh, hd / 2, ldk}, torch::kInt32);
+  const torch::Tensor vp = torch::empty({b, kvh, ldk / 2, hd}, torch::kInt32);
+  PackVnni(k, v, ldk, kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
   torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
   int64_t widest = 0;  // the longest segment's padded length: the score and probability rows
   for (const AttentionTiles::Segment& seg : tiles.segments) {
