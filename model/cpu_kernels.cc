@@ -369,11 +369,15 @@ PRAXIS_AVX512_INLINE float MaskedRowMax(const float* s, int64_t padded, const ui
   return HorizontalMax(_mm512_mask_max_ps(mx0, kAll, mx0, mx1)) * scale;
 }
 
-// The allowed lanes of e^(s·scale - m') from column c, 0 elsewhere; factor = scale·log2 e and
-// shift = m'·log2 e (ExpFactors).
+// The allowed lanes of e^(s·scale - m) from column c, 0 elsewhere, with factor = scale·log2 e
+// and shift = m·log2 e (ExpFactors); `lead` keeps the largest exponent (log2 units) of the allowed
+// lanes, for the callers that run against a max m they have not checked.
 PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64_t c, __m512 factor,
-                                      __m512 shift) {
-  return Exp2Avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift), AllowedLanes(mask, c));
+                                      __m512 shift, __m512* lead) {
+  const __mmask16 keep = AllowedLanes(mask, c);
+  const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift);
+  *lead = _mm512_mask_max_ps(*lead, keep, *lead, x);
+  return Exp2Avx512(x, keep);
 }
 
 // MaskedExp's factor and shift for a row's scale and max.
@@ -395,44 +399,66 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
   __m512 factor, shift;
   ExpFactors(scale, m_new, &factor, &shift);
   __m512 sum = _mm512_setzero_ps();
+  __m512 lead = _mm512_setzero_ps();  // unread: m' is the row's max
   for (int64_t c = 0; c < padded; c += kLanes) {
-    const __m512 e = MaskedExp(s, mask, c, factor, shift);
+    const __m512 e = MaskedExp(s, mask, c, factor, shift, &lead);
     _mm512_storeu_ps(s + c, e);
     sum = _mm512_add_ps(sum, e);
   }
   return FoldRow(m, l, m_new, HorizontalSum(sum));
 }
 
-// The same step for the matrix units: p written as bf16 (round to nearest even, by the CPU's
-// AVX512-BF16 conversion, which every CPU with AMX-BF16 has), 32 columns per iteration with two
-// sums (one chain of adds would wait on each add's latency).
-__attribute__((target("avx512f,avx512bf16"))) float SoftmaxRowToBf16(const float* s, int64_t padded,
-                                                                     const uint8_t* mask,
-                                                                     float scale, float* m,
-                                                                     float* l, at::BFloat16* p) {
-  const float m_new = std::max(*m, MaskedRowMax(s, padded, mask, scale));
-  if (m_new == kNegInf) {
-    std::fill(p, p + padded, at::BFloat16(0.0f));
-    return 1.0f;
-  }
+// The exp pass of SoftmaxRowToBf16 against max m: p = e^(s·scale - m) on the allowed lanes as
+// bf16 (round to nearest even, by the CPU's AVX512-BF16 conversion, which every CPU with AMX-BF16
+// has), 32 columns per iteration with two sums (one chain of adds would wait on each add's
+// latency). Returns the sum of p; *led says whether an allowed score exceeds m by more than
+// kMaxLead in log2 units.
+constexpr float kMaxLead = 16.0f;
+__attribute__((target("avx512f,avx512bf16"))) float ExpRowToBf16(const float* s, int64_t padded,
+                                                                 const uint8_t* mask, float scale,
+                                                                 float m, at::BFloat16* p,
+                                                                 bool* led) {
   __m512 factor, shift;
-  ExpFactors(scale, m_new, &factor, &shift);
-  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+  ExpFactors(scale, m, &factor, &shift);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, lead = _mm512_set1_ps(kNegInf);
   int64_t c = 0;
   for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift);
-    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift);
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead);
+    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead);
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
     _mm512_storeu_si512(p + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
   }
   if (c < padded) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift);
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead);
     sum0 = _mm512_add_ps(sum0, e0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e0)));
   }
-  return FoldRow(m, l, m_new, HorizontalSum(_mm512_add_ps(sum0, sum1)));
+  *led = _mm512_cmp_ps_mask(lead, _mm512_set1_ps(kMaxLead), _CMP_GT_OQ) != 0;
+  return HorizontalSum(_mm512_add_ps(sum0, sum1));
+}
+
+// The softmax step for the matrix units, p written as bf16. Once a row has a max m, its later
+// segments run against it in one pass: no max pass and no rescaling (alpha 1), p up to
+// 2^kMaxLead (far inside float32's and bf16's range, no precision lost: l and the output scale
+// alike). Only a segment with a score more than that above m runs again against its own max.
+PRAXIS_AVX512 float SoftmaxRowToBf16(const float* s, int64_t padded, const uint8_t* mask,
+                                     float scale, float* m, float* l, at::BFloat16* p) {
+  bool led = true;
+  if (*m != kNegInf) {
+    const float sum = ExpRowToBf16(s, padded, mask, scale, *m, p, &led);
+    if (!led) {
+      *l += sum;
+      return 1.0f;
+    }
+  }
+  const float m_new = std::max(*m, MaskedRowMax(s, padded, mask, scale));
+  if (m_new == kNegInf) {
+    std::fill(p, p + padded, at::BFloat16(0.0f));
+    return 1.0f;
+  }
+  return FoldRow(m, l, m_new, ExpRowToBf16(s, padded, mask, scale, m_new, p, &led));
 }
 
 #endif
@@ -771,7 +797,7 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
           const float alpha =
               SoftmaxRowToBf16(sr, padded, mask == nullptr ? nullptr : mask + r * padded, factor,
                                &m[r], &l[r], p.data() + r * widest);
-          if (!first) ScaleBy(acc.data() + r * hd, alpha, hd);
+          if (!first && alpha != 1.0f) ScaleBy(acc.data() + r * hd, alpha, hd);
         }
         brgemm(rows, hd, padded, widest, hd, hd, /*add_C=*/!first, p.data(),
                vpp + kv * ldk * hd + seg.start * hd, acc.data());

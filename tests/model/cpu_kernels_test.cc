@@ -280,6 +280,41 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
   }
 }
 
+TEST(TileAttentionTest, LaterSegmentsFarAboveTheRowsMaxSoFar) {
+  // One query tile of 8 rows over 600 keys in three segments (the last masked past its 88 keys),
+  // the later segments' scores tens of nats above the first's: a softmax that runs later segments
+  // against the row's max so far must notice and take theirs.
+  torch::manual_seed(8);
+  const int64_t t = 8, keys = 600, hd = 64;
+  cpu::AttentionTiles tiles;
+  tiles.block = t;
+  tiles.q_len = t;
+  tiles.kv_len = keys;
+  const int64_t row = cpu::AttentionTiles::MaskRow(88);
+  tiles.masks.assign(t * row, 0);
+  for (int64_t r = 0; r < t; ++r) std::fill_n(tiles.masks.begin() + r * row, 88, 1);
+  tiles.segments = {{.start = 0, .length = 256},
+                    {.start = 256, .length = 256},
+                    {.start = 512, .length = 88, .mask_at = 0}};
+  tiles.first = {0, 3};
+  const torch::Tensor q = torch::randn({1, 2, t, hd});
+  torch::Tensor k = torch::randn({1, 1, keys, hd});
+  k.narrow(2, 256, 256).mul_(6);
+  k.narrow(2, 512, 88).mul_(40);  // ~100 nats up: e^that overflows float32
+  const torch::Tensor v = torch::randn({1, 1, keys, hd});
+  const torch::Tensor allowed = torch::ones({t, keys}, torch::kBool);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+    const torch::Tensor want = MaskedAttentionOracle(qd, kd, vd, allowed, 0.125);
+    for (auto isa :
+         {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kAvx512, cpu::AttentionIsa::kPortable}) {
+      EXPECT_LE(MaxAbsDiff(cpu::TileAttention(qd, kd, vd, tiles, 0.125, isa), want),
+                dt == torch::kFloat32 ? 1e-5 : 3e-2)
+          << int(isa) << dt;
+    }
+  }
+}
+
 TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
   // Hand-made tiles over 20 tokens in tiles of 8: tile 0 one masked segment of every key (rows
   // 0 and 5 allow none), tile 1 no segment at all, tile 2 (4 rows) a full segment [0, 16).
