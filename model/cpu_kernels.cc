@@ -329,20 +329,27 @@ PRAXIS_AVX512 float HorizontalSum(__m512 x) {
   return _mm512_cvtss_f32(x);
 }
 
-// 2^x for the attention's x = (s·scale - m')·log2 e <= 0: 2^n·P(f) with n = round(x), f = x - n
-// in [-1/2, 1/2] and P a degree-5 fit of 2^f (relative error 8e-8, as expf_cephes), the 2^n by
-// vscalefps; x clamped to -126 (2^-126 adds nothing beside the row's max term, whose p is 1).
-// Lanes outside `keep` are 0. About half the instructions of expf_cephes' e^x, which needs the
-// two-part reduction by ln 2 and the exponent built by integer arithmetic.
-PRAXIS_AVX512_INLINE __m512 Exp2Avx512(__m512 x, __mmask16 keep) {
-  constexpr float kP[] = {1.3266970636e-3f, 9.6754599362e-3f, 5.5507425219e-2f,
-                          2.4022121727e-1f, 6.9314694405e-1f, 1.0000001192e+0f};
+// Fits of 2^f on [-1/2, 1/2], highest coefficient first (least squares in relative error at
+// Chebyshev nodes): degree 5, relative error 8e-8 (as expf_cephes), for float32 probabilities;
+// degree 4, 2.7e-6, where they are rounded to bf16 (2^-9) before use.
+constexpr float kExp2Fit5[] = {1.3266970636e-3f, 9.6754599362e-3f, 5.5507425219e-2f,
+                               2.4022121727e-1f, 6.9314694405e-1f, 1.0000001192e+0f};
+constexpr float kExp2Fit4[] = {9.5605105162e-3f, 5.5917039514e-2f, 2.4024981260e-1f,
+                               6.9312196970e-1f, 9.9999916553e-1f};
+
+// 2^x for the attention's x = (s·scale - m)·log2 e (at most kMaxLead): 2^n·P(f) with
+// n = round(x), f = x - n in [-1/2, 1/2] and P one of the fits above, the 2^n by vscalefps; x
+// clamped to -126 (2^-126 adds nothing beside the row's max term, whose p is about 1). Lanes
+// outside `keep` are 0. About half the instructions of expf_cephes' e^x, which needs the two-part
+// reduction by ln 2 and the exponent built by integer arithmetic.
+template <size_t N>
+PRAXIS_AVX512_INLINE __m512 Exp2Avx512(__m512 x, __mmask16 keep, const float (&fit)[N]) {
   x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.0f));
   const __m512 n =
       _mm512_mask_roundscale_ps(x, kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(kP[0]);
-  for (size_t i = 1; i < std::size(kP); ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP[i]));
+  __m512 p = _mm512_set1_ps(fit[0]);
+  for (size_t i = 1; i < N; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fit[i]));
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
@@ -372,12 +379,13 @@ PRAXIS_AVX512_INLINE float MaskedRowMax(const float* s, int64_t padded, const ui
 // The allowed lanes of e^(s·scale - m) from column c, 0 elsewhere, with factor = scale·log2 e
 // and shift = m·log2 e (ExpFactors); `lead` keeps the largest exponent (log2 units) of the allowed
 // lanes, for the callers that run against a max m they have not checked.
+template <size_t N>
 PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64_t c, __m512 factor,
-                                      __m512 shift, __m512* lead) {
+                                      __m512 shift, __m512* lead, const float (&fit)[N]) {
   const __mmask16 keep = AllowedLanes(mask, c);
   const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift);
   *lead = _mm512_mask_max_ps(*lead, keep, *lead, x);
-  return Exp2Avx512(x, keep);
+  return Exp2Avx512(x, keep, fit);
 }
 
 // MaskedExp's factor and shift for a row's scale and max.
@@ -401,7 +409,7 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
   __m512 sum = _mm512_setzero_ps();
   __m512 lead = _mm512_setzero_ps();  // unread: m' is the row's max
   for (int64_t c = 0; c < padded; c += kLanes) {
-    const __m512 e = MaskedExp(s, mask, c, factor, shift, &lead);
+    const __m512 e = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
     _mm512_storeu_ps(s + c, e);
     sum = _mm512_add_ps(sum, e);
   }
@@ -423,14 +431,14 @@ __attribute__((target("avx512f,avx512bf16"))) float ExpRowToBf16(const float* s,
   __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, lead = _mm512_set1_ps(kNegInf);
   int64_t c = 0;
   for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead);
-    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead);
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit4);
+    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead, kExp2Fit4);
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
     _mm512_storeu_si512(p + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
   }
   if (c < padded) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead);
+    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit4);
     sum0 = _mm512_add_ps(sum0, e0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e0)));
