@@ -693,6 +693,48 @@ int64_t AttentionTiles::nbytes() const {
 
 namespace {
 
+// The longest segment's padded length: the row of scores (and probabilities) any segment needs.
+int64_t WidestSegment(const AttentionTiles& tiles) {
+  int64_t widest = 0;
+  for (const AttentionTiles::Segment& seg : tiles.segments) {
+    widest = std::max(widest, PadToLanes(seg.length));
+  }
+  return widest;
+}
+
+// TileAttention's unit of work: `rows` query rows from row0 of head hi in query tile `tile` of
+// batch row bi, a tile's rows taken per_task at a time (rows <= 0 where a short last tile has no
+// such block). Consecutive tasks are the blocks of one tile, then the tiles of one head.
+struct RowTask {
+  int64_t bi, hi, tile, row0, rows;
+};
+
+int64_t RowTaskCount(const AttentionTiles& tiles, int64_t b, int64_t h, int64_t per_task) {
+  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
+  return b * h * q_tiles * ((tiles.block + per_task - 1) / per_task);
+}
+
+RowTask RowTaskAt(int64_t task, const AttentionTiles& tiles, int64_t h, int64_t per_task) {
+  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
+  const int64_t parts = (tiles.block + per_task - 1) / per_task;
+  RowTask r;
+  r.tile = task / parts % q_tiles;
+  r.hi = task / (parts * q_tiles) % h;
+  r.bi = task / (parts * q_tiles * h);
+  r.row0 = r.tile * tiles.block + task % parts * per_task;
+  r.rows = std::min({per_task, tiles.q_len - r.row0, (r.tile + 1) * tiles.block - r.row0});
+  return r;
+}
+
+// The mask rows of segment `seg` for the task's first query row (padded bytes each), or null
+// where the segment allows every pair.
+const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Segment& seg,
+                           const RowTask& task, int64_t padded) {
+  return seg.mask_at < 0
+             ? nullptr
+             : tiles.masks.data() + seg.mask_at + (task.row0 - task.tile * tiles.block) * padded;
+}
+
 #if defined(PRAXIS_AVX512_ATTENTION)
 // Query rows per task on the matrix units (four 16-row AMX tiles): measured at the bench layout
 // with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer tasks
@@ -758,19 +800,14 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
                                        double scale) {
   using at::native::cpublas::brgemm;
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
-  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
+  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
   const int64_t ldk = PadToLanes(kv_len) + kLanes;
   const torch::Tensor kp = torch::empty({b, kvh, hd / 2, ldk}, torch::kInt32);
   const torch::Tensor vp = torch::empty({b, kvh, ldk / 2, hd}, torch::kInt32);
   PackVnni(k, v, ldk, kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
   torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
-  int64_t widest = 0;  // the longest segment's padded length: the score and probability rows
-  for (const AttentionTiles::Segment& seg : tiles.segments) {
-    widest = std::max(widest, PadToLanes(seg.length));
-  }
-  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
-  const int64_t parts = (block + kMatrixRows - 1) / kMatrixRows;
-  const int64_t tasks = b * h * q_tiles * parts;
+  const int64_t widest = WidestSegment(tiles);
+  const int64_t tasks = RowTaskCount(tiles, b, h, kMatrixRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
   const auto* qp = q.data_ptr<at::BFloat16>();
   const auto* kpp = reinterpret_cast<const at::BFloat16*>(kp.data_ptr<int32_t>());
@@ -782,10 +819,8 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
         l(kMatrixRows);
     std::vector<at::BFloat16> p(kMatrixRows * widest);
     for (int64_t task = task0; task < task1; ++task) {
-      const int64_t part = task % parts, tile = task / parts % q_tiles,
-                    hi = task / (parts * q_tiles) % h, bi = task / (parts * q_tiles * h);
-      const int64_t row0 = tile * block + part * kMatrixRows;
-      const int64_t rows = std::min({kMatrixRows, t - row0, (tile + 1) * block - row0});
+      const RowTask rt = RowTaskAt(task, tiles, h, kMatrixRows);
+      const int64_t bi = rt.bi, hi = rt.hi, tile = rt.tile, row0 = rt.row0, rows = rt.rows;
       if (rows <= 0) continue;
       const int64_t kv = bi * kvh + hi / group;
       const at::BFloat16* qrows = qp + bi * sb + hi * sh + row0 * st;
@@ -795,9 +830,7 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
       for (int64_t e = tiles.first[tile]; e < tiles.first[tile + 1]; ++e) {
         const AttentionTiles::Segment& seg = tiles.segments[e];
         const int64_t padded = PadToLanes(seg.length);
-        const uint8_t* mask =
-            seg.mask_at < 0 ? nullptr
-                            : tiles.masks.data() + seg.mask_at + (row0 - tile * block) * padded;
+        const uint8_t* mask = SegmentMask(tiles, seg, rt, padded);
         brgemm(rows, padded, hd, st, ldk, widest, /*add_C=*/false, qrows,
                kpp + kv * hd * ldk + seg.start * 2, s.data());
         for (int64_t r = 0; r < rows; ++r) {
@@ -847,7 +880,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
     return TileAttentionMatrixUnits(q, k, v, tiles, scale);
   }
 #endif
-  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len, block = tiles.block;
+  const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
   // A segment starts anywhere (a tile edge need not be a multiple of kLanes): its padded score
   // row reads up to kLanes - 1 columns past the keys, kept in bounds by kLanes columns of zeros.
   const int64_t ldk = PadToLanes(kv_len) + kLanes, hdp = PadToLanes(hd);
@@ -859,13 +892,8 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   torch::Tensor vf = torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
   vf.narrow(3, 0, hd).copy_(v);
   torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
-  int64_t widest = 0;  // the longest segment's padded length: a score row
-  for (const AttentionTiles::Segment& seg : tiles.segments) {
-    widest = std::max(widest, PadToLanes(seg.length));
-  }
-  const int64_t q_tiles = static_cast<int64_t>(tiles.first.size()) - 1;
-  const int64_t parts = (block + kAttentionRows - 1) / kAttentionRows;  // tasks per query tile
-  const int64_t tasks = b * h * q_tiles * parts;
+  const int64_t widest = WidestSegment(tiles);
+  const int64_t tasks = RowTaskCount(tiles, b, h, kAttentionRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
   const float* ktp = kt.data_ptr<float>();
   const float* vfp = vf.data_ptr<float>();
@@ -885,10 +913,8 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
       std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), acc(kAttentionRows * hdp),
           m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
       for (int64_t task = task0; task < task1; ++task) {
-        const int64_t part = task % parts, tile = task / parts % q_tiles,
-                      hi = task / (parts * q_tiles) % h, bi = task / (parts * q_tiles * h);
-        const int64_t row0 = tile * block + part * kAttentionRows;
-        const int64_t rows = std::min({kAttentionRows, t - row0, (tile + 1) * block - row0});
+        const RowTask rt = RowTaskAt(task, tiles, h, kAttentionRows);
+        const int64_t bi = rt.bi, hi = rt.hi, tile = rt.tile, row0 = rt.row0, rows = rt.rows;
         if (rows <= 0) continue;
         const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
         const float* kth = ktp + (bi * kvh + hi / group) * hd * ldk;
@@ -905,9 +931,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
           const AttentionTiles::Segment& seg = tiles.segments[e];
           const int64_t padded = PadToLanes(seg.length);
           // A mask row per query row of the tile; padded == the mask's row (kMaskAlign == kLanes).
-          const uint8_t* mask =
-              seg.mask_at < 0 ? nullptr
-                              : tiles.masks.data() + seg.mask_at + (row0 - tile * block) * padded;
+          const uint8_t* mask = SegmentMask(tiles, seg, rt, padded);
           for (int64_t bk = 0; bk < blocks; ++bk) {
             const int64_t r0 = bk * kBlockRows;
             product(qf.data() + r0 * hd, hd, kth + seg.start, ldk, hd, padded, s.data(), padded,
