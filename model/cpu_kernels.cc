@@ -804,7 +804,9 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
   const int64_t ldk = PadToLanes(kv_len) + kLanes;
   const torch::Tensor kp = torch::empty({b, kvh, hd / 2, ldk}, torch::kInt32);
   const torch::Tensor vp = torch::empty({b, kvh, ldk / 2, hd}, torch::kInt32);
-  PackVnni(k, v, ldk, kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
+  // The pack reads rows with a unit last stride (TileAttention asks that of q only).
+  PackVnni(k.stride(3) == 1 ? k : k.contiguous(), v.stride(3) == 1 ? v : v.contiguous(), ldk,
+           kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
   torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kMatrixRows);
