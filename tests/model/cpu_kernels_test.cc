@@ -388,11 +388,14 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
             std::string::npos);
   EXPECT_FALSE(slow);
   const CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true};
-  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, &slow).find("AVX512-BF16"),
-            std::string::npos);
+  const std::string zen4_bf16 = DescribeCpuForDtype(zen4, torch::kBFloat16, &slow);
+  EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16"), std::string::npos) << zen4_bf16;
+  EXPECT_NE(zen4_bf16.find("attention gains little"), std::string::npos) << zen4_bf16;
   EXPECT_FALSE(slow);
   const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow).find("AMX tiles"), std::string::npos);
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow)
+                .find("matmuls run on AMX tiles, attention too"),
+            std::string::npos);
   EXPECT_FALSE(slow);
 }
 
