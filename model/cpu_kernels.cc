@@ -124,11 +124,13 @@ void Store(const float* src, T* dst, int64_t n) {
   }
 }
 
+// log2 e: e^x = 2^(x·log2 e), the reduction of both exponentials below (VecExp, Exp2Avx512).
+constexpr float kLog2e = 1.44269504088896341f;
+
 // Cephes' expf, evaluated by VecExp: x = n·ln2 + r with
-// n = round(x·log2 e), r = (x - n·kLn2Hi) + n·kLn2Lo (ln2 in two parts for precision), and
+// n = round(x·kLog2e), r = (x - n·kLn2Hi) + n·kLn2Lo (ln2 in two parts for precision), and
 // e^r = 1 + r + r²·P(r) with P's coefficients kP (highest first); clamped to [kLo, kHi].
 namespace expf_cephes {
-constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f, kLn2Lo = 2.12194440e-4f;
 constexpr float kRound = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
 constexpr float kP[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
@@ -390,7 +392,6 @@ PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64
 
 // MaskedExp's factor and shift for a row's scale and max.
 PRAXIS_AVX512_INLINE void ExpFactors(float scale, float m_new, __m512* factor, __m512* shift) {
-  constexpr float kLog2e = 1.44269504088896341f;
   *factor = _mm512_set1_ps(scale * kLog2e);
   *shift = _mm512_set1_ps(m_new * kLog2e);
 }

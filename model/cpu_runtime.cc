@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "model/cpu_kernels.h"
 
 // LibTorch's wheel links libgomp and exports MKL's per-thread setter; neither has a header there.
 extern "C" void omp_set_num_threads(int threads);
@@ -76,12 +77,16 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, bool
   if (dtype == torch::kBFloat16) {
     *slow = !isa.amx_bf16 && !isa.avx512_bf16;
     // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
-    // for heads wider than 32; without AMX they stay float32 FMAs or LibTorch's flash kernel.
-    implies = isa.amx_bf16 ? "bfloat16 matmuls run on AMX tiles, attention too at head dims over 32"
-              : !*slow     ? "bfloat16 matmuls run on AVX512-BF16; attention gains little over "
-                             "float32 here (no AMX)"
-                           : "bfloat16 has no hardware path here and is emulated: expect it "
-                             "several times slower than float32 (--dtype=float32)";
+    // for heads wider than cpu::kNarrowHeadDim; without AMX they stay float32 FMAs or LibTorch's
+    // flash kernel.
+    implies =
+        isa.amx_bf16
+            ? absl::StrCat("bfloat16 matmuls run on AMX tiles, attention too at head dims over ",
+                           cpu::kNarrowHeadDim)
+        : !*slow ? "bfloat16 matmuls run on AVX512-BF16; attention gains little over "
+                   "float32 here (no AMX)"
+                 : "bfloat16 has no hardware path here and is emulated: expect it "
+                   "several times slower than float32 (--dtype=float32)";
   } else if (dtype == torch::kFloat16) {
     *slow = !isa.amx_fp16 && !isa.avx512_fp16;
     implies = *slow ? "float16 has no hardware path here and is emulated: expect it several times "
