@@ -31,10 +31,11 @@ namespace {
 #define PRAXIS_ISA_CLONES
 #endif
 
-PRAXIS_ISA_CLONES float SumSquares(const float* x, int64_t n) {
+// Σ a[i]·b[i] (the sum of squares where a is b).
+PRAXIS_ISA_CLONES float Dot(const float* a, const float* b, int64_t n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
@@ -180,6 +181,12 @@ PRAXIS_ISA_CLONES void SigmoidRow(const float* x, float* y, int64_t n) {
 // Whether a ranks above b as torch::topk ranks them: NaN above every number.
 bool RanksAbove(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || a > b; }
 
+// x[i] = shift[i] + x[i] · scale[i].
+PRAXIS_ISA_CLONES void ModulateRow(float* x, const float* shift, const float* scale, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = shift[i] + x[i] * scale[i];
+}
+
 // x[i] *= s.
 PRAXIS_ISA_CLONES void ScaleBy(float* x, float s, int64_t n) {
 #pragma omp simd
@@ -193,8 +200,7 @@ PRAXIS_ISA_CLONES void AxpyRow(float* out, float w, const float* y, int64_t n) {
 }
 
 void NormalizeRow(float* x, const float* w, int64_t n, double eps) {
-  const float r =
-      1.0f / std::sqrt(SumSquares(x, n) / static_cast<float>(n) + static_cast<float>(eps));
+  const float r = 1.0f / std::sqrt(Dot(x, x, n) / static_cast<float>(n) + static_cast<float>(eps));
   ScaleRow(x, w, r, n);
 }
 
@@ -557,6 +563,51 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
   return y;
 }
 
+torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
+                       const torch::Tensor& scale_in) {
+  TORCH_CHECK(
+      !x_in.is_cuda() && x_in.dim() >= 1 && shift_in.scalar_type() == torch::kFloat32 &&
+          scale_in.scalar_type() == torch::kFloat32 && shift_in.size(-1) == x_in.size(-1) &&
+          scale_in.size(-1) == x_in.size(-1),
+      "cpu::Modulate: expected a CPU tensor and float32 shift, scale of its last dimension");
+  RECORD_FUNCTION("praxis::modulate", std::vector<c10::IValue>());
+  // Rows keep their strides (zero where shift and scale are broadcast): no copy of either.
+  const torch::Tensor x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
+  auto rows_of = [&](const torch::Tensor& t) {
+    return (t.stride(-1) == 1 ? t : t.contiguous()).expand(x.sizes());
+  };
+  const torch::Tensor shift = rows_of(shift_in), scale = rows_of(scale_in);
+  torch::Tensor y =
+      torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t n = x.size(-1), lead = x.dim() - 1, rows = x.numel() / std::max<int64_t>(n, 1);
+  const c10::IntArrayRef size = x.sizes(), sx = x.strides(), ssh = shift.strides(),
+                         ssc = scale.strides();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "Modulate", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    const float* shp = shift.data_ptr<float>();
+    const float* scp = scale.data_ptr<float>();
+    scalar_t* dst = y.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(n);
+      for (int64_t r = r0; r < r1; ++r) {
+        // Row r's offsets in x, shift and scale: its index over the leading dimensions.
+        int64_t rest = r, ox = 0, osh = 0, osc = 0;
+        for (int64_t d = lead - 1; d >= 0; --d) {
+          const int64_t i = rest % size[d];
+          rest /= size[d];
+          ox += i * sx[d];
+          osh += i * ssh[d];
+          osc += i * ssc[d];
+        }
+        Load(src + ox, buf.data(), n);
+        ModulateRow(buf.data(), shp + osh, scp + osc, n);
+        Store(buf.data(), dst + r * n, n);
+      }
+    });
+  });
+  return y;
+}
+
 torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
   TORCH_CHECK(!a_in.is_cuda() && a_in.sizes() == b_in.sizes() &&
                   a_in.scalar_type() == b_in.scalar_type() && a_in.dim() >= 1,
@@ -619,6 +670,30 @@ void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch:
       }
     });
   });
+}
+
+torch::Tensor RouterLogits(const torch::Tensor& x_in, const torch::Tensor& router_in) {
+  TORCH_CHECK(!x_in.is_cuda() && x_in.dim() == 2 && router_in.dim() == 2 &&
+                  router_in.size(1) == x_in.size(1),
+              "cpu::RouterLogits: expected CPU rows [N, dim] and router weights [E, dim]");
+  RECORD_FUNCTION("praxis::router_logits", std::vector<c10::IValue>());
+  const torch::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  const torch::Tensor router = router_in.to(torch::kFloat32).contiguous();
+  const int64_t n = x.size(0), d = x.size(1), e = router.size(0), sx = x.stride(0);
+  torch::Tensor logits = torch::empty({n, e}, x.options().dtype(torch::kFloat32));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "Router", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    const float* rp = router.data_ptr<float>();
+    float* lp = logits.data_ptr<float>();
+    at::parallel_for(0, n, RowGrain(d * e), [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(d);
+      for (int64_t r = r0; r < r1; ++r) {
+        Load(src + r * sx, buf.data(), d);
+        for (int64_t j = 0; j < e; ++j) lp[r * e + j] = Dot(buf.data(), rp + j * d, d);
+      }
+    });
+  });
+  return logits;
 }
 
 ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias_in, int64_t top_k,
@@ -962,29 +1037,31 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   return out;
 }
 
-torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate_in) {
-  TORCH_CHECK(!o.is_cuda() && o.dim() == 4 && o.stride(3) == 1 && gate_in.dim() == 3 &&
-                  gate_in.size(0) == o.size(0) && gate_in.size(1) == o.size(2) &&
-                  gate_in.size(2) == o.size(1),
+torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate) {
+  TORCH_CHECK(!o.is_cuda() && o.dim() == 4 && o.stride(3) == 1 && gate.dim() == 3 &&
+                  gate.size(0) == o.size(0) && gate.size(1) == o.size(2) &&
+                  gate.size(2) == o.size(1) && gate.scalar_type() == o.scalar_type(),
               "cpu::GateHeads: expected CPU heads [B, H, T, hd] with unit last stride and gate "
-              "logits [B, T, H]");
+              "logits [B, T, H] of their dtype");
   RECORD_FUNCTION("praxis::gate_heads", std::vector<c10::IValue>());
   const int64_t b = o.size(0), h = o.size(1), t = o.size(2), hd = o.size(3);
-  // sigmoid(gate) once per (token, head), in float32: [B·T, H], contiguous.
-  const torch::Tensor gate = torch::sigmoid(gate_in.to(torch::kFloat32)).contiguous();
+  // The gate logits are read where they lie (a strided slice of the stacked projection) and their
+  // sigmoid taken in float32 per (token, head): converting the slice first cost a gathering copy.
   torch::Tensor y = torch::empty({b, t, h * hd}, o.options());
   const int64_t sb = o.stride(0), sh = o.stride(1), st = o.stride(2);
+  const int64_t gb = gate.stride(0), gt = gate.stride(1), gh = gate.stride(2);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, o.scalar_type(), "GateHeads", [&] {
     const scalar_t* src = o.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
-    const float* gp = gate.data_ptr<float>();
+    const scalar_t* gp = gate.data_ptr<scalar_t>();
     at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
       std::vector<float> buf(hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         for (int64_t hi = 0; hi < h; ++hi) {
+          const float g = static_cast<float>(gp[bi * gb + ti * gt + hi * gh]);
           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
-          ScaleBy(buf.data(), gp[bt * h + hi], hd);
+          ScaleBy(buf.data(), 1.0f / (1.0f + std::exp(-g)), hd);
           Store(buf.data(), dst + (bt * h + hi) * hd, hd);
         }
       }

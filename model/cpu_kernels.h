@@ -24,6 +24,13 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                             const torch::Tensor& cos, const torch::Tensor& sin);
 
+// shift + x · scale in float32, rounded to x's dtype: the time modulation of video tokens, in one
+// pass. x: a CPU float tensor, any strides; shift, scale: float32, broadcastable to x without
+// broadcasting its last dimension (one per chunk or per coarse-grid token, never copied out to
+// x's shape). Returns a contiguous tensor of x's shape and dtype.
+torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
+                       const torch::Tensor& scale);
+
 // silu(a) · b elementwise (the SwiGLU gate), read and written in one pass: a, b CPU tensors of one
 // shape and dtype, any strides (the gate and up halves of one projection are served as views).
 // Returns a contiguous tensor of that shape and dtype.
@@ -34,6 +41,11 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 // write rows concurrently) and each in [0, N); weights: float32 [n]; y: [n, d], any float dtype.
 void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
                      const torch::Tensor& y);
+
+// The MoE router's logits x · routerᵀ in float32, read from x's rows in their own dtype (the
+// reference's float32 matmul of the same values, without a float32 copy of the tokens). x: CPU
+// [N, dim], any float dtype and strides; router: [E, dim]. Returns contiguous float32 [N, E].
+torch::Tensor RouterLogits(const torch::Tensor& x, const torch::Tensor& router);
 
 // The MoE's routing in one pass over the router logits (float32 [N, E]): each token's top_k
 // experts by sigmoid(logit) + bias (float32 [E]; ties to the lower expert, NaN above all, as
@@ -98,8 +110,9 @@ inline constexpr int64_t kNarrowHeadDim = 32;
 bool HasBf16MatrixUnits();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
-// h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits, any strides and
-// float dtype (sliced from the stacked projection). Returns a contiguous [B, T, H·hd] of o's dtype.
+// h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits of o's dtype, any
+// strides (sliced from the stacked projection; the sigmoid is taken in float32). Returns a
+// contiguous [B, T, H·hd] of o's dtype.
 torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate);
 
 }  // namespace praxis::model::cpu

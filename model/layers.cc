@@ -36,6 +36,9 @@ torch::Tensor RmsNormWith(const torch::Tensor& x, const torch::Tensor& w, double
 
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
                        const torch::Tensor& scale, torch::ScalarType dtype) {
+  if (!x.is_cuda() && dtype == torch::kFloat32) {
+    return cpu::Modulate(x, shift.to(dtype), scale.to(dtype));
+  }
   return torch::addcmul(shift.to(dtype), x.to(dtype), scale.to(dtype)).to(x.scalar_type());
 }
 
@@ -251,9 +254,8 @@ torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, do
     LoopExperts(Route(xs, w, top_k, routed_scale), w, top_k, out);
   } else {
     // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops.
-    const torch::Tensor logits =
-        torch::matmul(xs.to(torch::kFloat32), w.router.to(torch::kFloat32).t());
-    const cpu::ExpertRoutes r = cpu::RouteTopK(logits, w.expert_bias, top_k, routed_scale);
+    const cpu::ExpertRoutes r =
+        cpu::RouteTopK(cpu::RouterLogits(xs, w.router), w.expert_bias, top_k, routed_scale);
     LoopExperts(xs.index_select(0, r.tokens), r.tokens, r.weights, r.counts, w, out);
   }
   return out.to(dt).view(x.sizes());

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -124,6 +125,29 @@ TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
                c10::Error);
 }
 
+TEST(CpuKernelsTest, RouterLogitsEqualTheFloat32Matmul) {
+  torch::manual_seed(6);
+  const torch::Tensor router = torch::randn({5, 40});
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    // Rows as Moe passes them, and a strided view of the same values.
+    const torch::Tensor x = torch::randn({23, 40}).to(dt);
+    const torch::Tensor strided = torch::cat({x, x}, 1).narrow(1, 40, 40);
+    const torch::Tensor want = torch::matmul(x.to(torch::kFloat32), router.t());
+    for (const torch::Tensor& rows : {x, strided}) {
+      const torch::Tensor got = cpu::RouterLogits(rows, router.to(dt));
+      EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+      // The same products summed in another order (router rounded to dt as the model's are).
+      const torch::Tensor want_dt =
+          torch::matmul(x.to(torch::kFloat32), router.to(dt).to(torch::kFloat32).t());
+      EXPECT_LE(MaxAbsDiff(got, want_dt), 1e-5) << dt;
+      if (dt == torch::kFloat32) {
+        EXPECT_LE(MaxAbsDiff(got, want), 1e-5);
+      }
+    }
+  }
+  EXPECT_THROW(cpu::RouterLogits(torch::randn({3, 8}), torch::randn({4, 7})), c10::Error);
+}
+
 TEST(CpuKernelsTest, RouteTopKEqualsTopkThenAStableSortByExpert) {
   torch::manual_seed(5);
   const int64_t n = 37, e = 6;
@@ -184,6 +208,49 @@ TEST(CpuKernelsTest, GateHeadsEqualsTransposeTimesSigmoidInEveryDtype) {
     }
   }
   EXPECT_THROW(cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 3})), c10::Error);
+  EXPECT_THROW(
+      cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 2}, torch::kBFloat16)),
+      c10::Error);
+}
+
+TEST(CpuKernelsTest, ModulateEqualsShiftPlusXTimesScaleInFloat32) {
+  torch::manual_seed(5);
+  const int64_t b = 2, kf = 2, h = 3, w = 4, ph = 2, pw = 2, dim = 24, regs = 3;
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    // The decoder's case: the fine-grid tokens of x [B, regs + tokens, dim] (a strided view) seen
+    // on the coarse grid, and a shift and scale per coarse token broadcast over each patch.
+    const torch::Tensor whole = torch::randn({b, regs + kf * h * ph * w * pw, dim}).to(dt);
+    const torch::Tensor fine =
+        whole.narrow(1, regs, kf * h * ph * w * pw).reshape({b, kf, h, ph, w, pw, dim});
+    const torch::Tensor shift = torch::randn({b, kf, h, 1, w, 1, dim});
+    const torch::Tensor scale = 1 + torch::randn({b, kf, h, 1, w, 1, dim});
+    // The encoder's: one shift and scale per chunk, and a last-dim-strided x (made contiguous).
+    const torch::Tensor chunks = torch::randn({b, kf, 5, 2 * dim}).to(dt).narrow(3, 0, dim);
+    const torch::Tensor per_chunk = torch::randn({b, kf, 1, dim});
+    const torch::Tensor transposed = torch::randn({b, dim, 7}).to(dt).transpose(1, 2);
+    const torch::Tensor per_batch = torch::randn({b, 1, dim});
+    const std::vector<std::array<torch::Tensor, 3>> cases = {{fine, shift, scale},
+                                                             {chunks, per_chunk, 1 + per_chunk},
+                                                             {transposed, per_batch, per_batch}};
+    for (const auto& [x, sh, sc] : cases) {
+      const torch::Tensor want = x.to(torch::kFloat32) * sc + sh;
+      const torch::Tensor got = cpu::Modulate(x, sh, sc);
+      EXPECT_EQ(got.scalar_type(), dt);
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_EQ(got.sizes(), x.sizes());
+      // float32: an ulp of the sum (a fused multiply-add may round once); others: one rounding.
+      const double rel = dt == torch::kFloat32 ? 3e-7 : (dt == torch::kBFloat16 ? 4e-3 : 5e-4);
+      EXPECT_LE(((got.to(torch::kFloat32) - want).abs() - rel * want.abs()).max().item<double>(),
+                1e-6)
+          << dt << " " << x.sizes();
+    }
+  }
+  // The last dimension is never broadcast, and shift and scale are float32.
+  EXPECT_THROW(cpu::Modulate(torch::randn({2, 8}), torch::randn({2, 1}), torch::randn({2, 8})),
+               c10::Error);
+  EXPECT_THROW(
+      cpu::Modulate(torch::randn({2, 8}), torch::randn({8}, torch::kBFloat16), torch::randn({8})),
+      c10::Error);
 }
 
 // An encoder layout's float32 CPU plan on a block size small enough that it has several groups
