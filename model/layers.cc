@@ -17,7 +17,18 @@
 namespace praxis::model {
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  return torch::linear(x.to(w.scalar_type()), w, b);
+  const torch::Tensor xd = x.to(w.scalar_type());
+  // In bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
+  // three dimensions, contiguous, and sends the rest (video tokens as a permuted view, a narrowed
+  // run of tokens, 5-D modulation inputs) through matmul, which copied strided ones to contiguous
+  // anyway and then added the bias in a separate pass. Float32 stays with at::linear: MKL's batched
+  // GEMM reads a strided input in place (copying it first cost ~3 % of a bench small B8 step).
+  if (xd.dim() > 2 && xd.scalar_type() != torch::kFloat32) {
+    std::vector<int64_t> shape(xd.sizes().begin(), xd.sizes().end());
+    shape.back() = w.size(0);
+    return torch::linear(xd.reshape({-1, xd.size(-1)}), w, b).view(shape);
+  }
+  return torch::linear(xd, w, b);
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
