@@ -167,6 +167,17 @@ void Store(const float* src, T* dst, int64_t n) {
   }
 }
 
+// src's n values as floats: src itself when it holds floats, else converted into buf.
+template <typename T>
+const float* AsFloats(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    Load(src, buf, n);
+    return buf;
+  }
+}
+
 // log2 e: e^x = 2^(x·log2 e), the reduction of both exponentials below (VecExp, Exp2Avx512).
 constexpr float kLog2e = 1.44269504088896341f;
 
@@ -227,6 +238,18 @@ bool RanksAbove(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || 
 PRAXIS_ISA_CLONES void ModulateRow(float* x, const float* shift, const float* scale, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] = shift[i] + x[i] * scale[i];
+}
+
+// max |x[i]| (reduced as *m), and Σ (x[i] - x[i]), NaN iff some x[i] is NaN or infinite (*bad).
+PRAXIS_ISA_CLONES void MaxAbsRow(const float* x, int64_t n, float* m, float* bad) {
+  float mx = *m, b = *bad;
+#pragma omp simd reduction(max : mx) reduction(+ : b)
+  for (int64_t i = 0; i < n; ++i) {
+    mx = std::max(mx, std::fabs(x[i]));
+    b += x[i] - x[i];
+  }
+  *m = mx;
+  *bad = b;
 }
 
 // x[i] *= s.
@@ -618,6 +641,35 @@ int64_t RowGrain(int64_t row_elements) {
 }
 
 }  // namespace
+
+double MaxAbs(const torch::Tensor& x_in) {
+  TORCH_CHECK(!x_in.is_cuda(), "cpu::MaxAbs: expected a CPU tensor");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t n = x.numel();
+  struct Partial {
+    float max = 0, bad = 0;
+  };
+  Partial total;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "MaxAbs", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    constexpr int64_t kChunk = 4096;  // floats converted at a time, in L1
+    total = at::parallel_reduce(
+        0, n, kGrainElements * 4, Partial{},
+        [&](int64_t a, int64_t b, Partial p) {
+          std::vector<float> buf(std::min(kChunk, b - a));
+          for (int64_t i = a; i < b; i += kChunk) {
+            const int64_t len = std::min(kChunk, b - i);
+            MaxAbsRow(AsFloats(src + i, buf.data(), len), len, &p.max, &p.bad);
+          }
+          return p;
+        },
+        [](Partial p, Partial q) {
+          return Partial{std::max(p.max, q.max), p.bad + q.bad};
+        });
+  });
+  if (!std::isnan(total.bad)) return total.max;
+  return std::isinf(total.max) ? total.max : std::numeric_limits<double>::quiet_NaN();
+}
 
 torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps) {
   // Preconditions of our own callers: a failure throws into Forward's catch (that batch's error).

@@ -12,6 +12,12 @@
 
 namespace praxis::model::cpu {
 
+// The largest |x| of a CPU tensor (float32, bfloat16 or float16; any strides), in one pass:
+// +inf if a value is infinite, else NaN if one is NaN; 0 for an empty tensor. Serves the request
+// checks (finite values, the server's magnitude limit), which ran as several ATen ops per input
+// on the request thread, on the step's critical path. Thread-safe.
+double MaxAbs(const torch::Tensor& x);
+
 // x · rsqrt(mean(x²) + eps) · weight over the last dimension. x: a CPU float tensor (float32,
 // bfloat16 or float16) of any shape; weight: float32 [x.size(-1)], the model's (1 + w) already
 // multiplied by any block scale. Returns a contiguous tensor of x's shape and dtype.

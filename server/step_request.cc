@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/cpu_kernels.h"
 #include "model/masks.h"
 #include "wire/step_codec.h"
 #include "wire/tensor_codec.h"
@@ -87,7 +88,7 @@ absl::Status CheckMagnitude(const model::StepInputs& in, double max_abs) {
                                 {&in.clean, "clean"},
                                 {&in.noised, "noised"}}) {
     if (!t->defined() || t->numel() == 0) continue;
-    const double m = t->abs().max().item<double>();
+    const double m = t->is_cuda() ? t->abs().max().item<double>() : model::cpu::MaxAbs(*t);
     if (!(m <= max_abs)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": expected values within +-", max_abs, " (server limit), got ", m));

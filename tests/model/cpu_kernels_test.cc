@@ -125,6 +125,24 @@ TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
                c10::Error);
 }
 
+TEST(CpuKernelsTest, MaxAbsEqualsAtenAndNamesNonFiniteValues) {
+  torch::manual_seed(7);
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    // Small, strided, and past the threads' grain (several partial results combined).
+    for (const torch::Tensor& x :
+         {torch::randn({3, 5}).to(dt), (100 * torch::randn({40, 30})).to(dt).t(),
+          torch::randn({300001}).to(dt)}) {
+      EXPECT_EQ(cpu::MaxAbs(x), x.abs().max().item<double>()) << dt << " " << x.sizes();
+      torch::Tensor bad = x.contiguous().clone();
+      bad.view({-1})[bad.numel() - 1] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_TRUE(std::isnan(cpu::MaxAbs(bad))) << dt;
+      bad.view({-1})[0] = -std::numeric_limits<float>::infinity();
+      EXPECT_EQ(cpu::MaxAbs(bad), std::numeric_limits<double>::infinity()) << dt;
+    }
+  }
+  EXPECT_EQ(cpu::MaxAbs(torch::empty({0, 4})), 0.0);
+}
+
 TEST(CpuKernelsTest, RouterLogitsEqualTheFloat32Matmul) {
   torch::manual_seed(6);
   const torch::Tensor router = torch::randn({11, 40});  // a group of eight experts and a part
