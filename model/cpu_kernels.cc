@@ -100,7 +100,8 @@ PRAXIS_ISA_CLONES void StoreHalf(const float* src, c10::Half* dst, int64_t n) {
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PRAXIS_X86_KERNELS 1
+// x86 with GCC or clang: the AVX-512 paths below are compiled (and taken where the CPU has them).
+#define PRAXIS_X86_SIMD 1
 // The same bf16 conversions 16 floats at a time where the CPU has the instructions: the clones
 // above run at 256 bits, and the float → bf16 rounding takes ~12 integer instructions per vector
 // there against one vcvtneps2bf16 (round to nearest even, as c10; NaN stays NaN; a float32
@@ -139,7 +140,7 @@ void Load(const T* src, float* dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(PRAXIS_X86_KERNELS)
+#if defined(PRAXIS_X86_SIMD)
     if (HasAvx512Bf16Convert())
       return LoadBf16Avx512(reinterpret_cast<const uint16_t*>(src), dst, n);
 #endif
@@ -156,7 +157,7 @@ void Store(const float* src, T* dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(PRAXIS_X86_KERNELS)
+#if defined(PRAXIS_X86_SIMD)
     if (HasAvx512Bf16Convert()) return StoreBf16Avx512(src, reinterpret_cast<uint16_t*>(dst), n);
 #endif
     StoreBf16(src, reinterpret_cast<uint16_t*>(dst), n);
@@ -329,8 +330,7 @@ float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float sc
   return FoldRow(m, l, m_new, sum);
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PRAXIS_AVX512_ATTENTION 1
+#if defined(PRAXIS_X86_SIMD)
 #define PRAXIS_AVX512 __attribute__((target("avx512f")))
 // For the per-vector steps of the softmax loops: GCC does not always inline them there.
 #define PRAXIS_AVX512_INLINE inline __attribute__((target("avx512f"), always_inline))
@@ -605,7 +605,7 @@ PRAXIS_AVX512 float SoftmaxRowToBf16(const float* s, int64_t padded, const uint8
 
 // Whether TileAttention takes the AVX-512 steps: this CPU has them and the caller allows them.
 bool UseAvx512(AttentionIsa isa) {
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   static const bool has = __builtin_cpu_supports("avx512f");
   return isa != AttentionIsa::kPortable && has;
 #else
@@ -618,7 +618,7 @@ bool UseAvx512(AttentionIsa isa) {
 // experts at a time, each its own FMA chain: one dot product after another waited on every FMA's
 // latency (3 ms of a bench-layout step, against ~0.3 ms for the float32 matmul it replaced).
 void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float* out) {
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   if (UseAvx512(AttentionIsa::kBest)) return RouterRowAvx512(x, router, d, e, out);
 #endif
   for (int64_t j = 0; j < e; ++j) out[j] = Dot(x, router + j * d, d);
@@ -626,7 +626,7 @@ void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float*
 
 // a[i] = silu(a[i]) · b[i] in AVX-512 where the CPU has it, else by the clones.
 void SiluMulRowBest(float* a, const float* b, int64_t n) {
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   if (UseAvx512(AttentionIsa::kBest)) return SiluMulRowAvx512(a, b, n);
 #endif
   SiluMulRow(a, b, n);
@@ -926,7 +926,7 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
 }
 
 bool HasBf16MatrixUnits() {
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   // could_pack: oneDNN's brgemm takes VNNI-packed bf16 here, i.e. the CPU has AMX-BF16.
   static const bool has = __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512bf16") &&
@@ -986,7 +986,7 @@ const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Se
              : tiles.masks.data() + seg.mask_at + (task.row0 - task.tile * tiles.block) * padded;
 }
 
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
 // Query rows per task on the matrix units (four 16-row AMX tiles): measured at the bench layout
 // with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer tasks
 // to balance on small layouts) (stop 23).
@@ -1127,7 +1127,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
           static_cast<int64_t>(tiles.first.size()) == (t + tiles.block - 1) / tiles.block + 1,
       "cpu::TileAttention: tiles of another layout");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   if (isa == AttentionIsa::kBest && q.scalar_type() == at::kBFloat16 && hd > kNarrowHeadDim &&
       hd % 2 == 0 && tiles.block % 2 == 0 && HasBf16MatrixUnits()) {
     return TileAttentionMatrixUnits(q, k, v, tiles, scale);
@@ -1152,7 +1152,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   const float* vfp = vf.data_ptr<float>();
   const bool avx512 = UseAvx512(isa);
   const float factor = static_cast<float>(scale);
-#if defined(PRAXIS_AVX512_ATTENTION)
+#if defined(PRAXIS_X86_SIMD)
   const auto product = avx512 ? BlockProductAvx512 : BlockProductPortable;
   const auto softmax = avx512 ? SoftmaxRowAvx512 : SoftmaxRowPortable;
 #else
