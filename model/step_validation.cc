@@ -1,8 +1,8 @@
 #include "model/step_validation.h"
 
+#include <array>
 #include <cmath>
 #include <string>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -38,12 +38,19 @@ absl::Status CheckVideo(const torch::Tensor& t, absl::string_view field, int64_t
   return Check(ok, field, want, ShapeString(t));
 }
 
-absl::Status CheckFinite(const torch::Tensor& t, absl::string_view field) {
-  if (!t.defined()) return absl::OkStatus();
-  // One pass over the values on the CPU (where requests are decoded); ATen's ops elsewhere.
-  const bool finite =
-      t.is_cuda() ? torch::isfinite(t).all().item<bool>() : std::isfinite(cpu::MaxAbs(t));
-  if (finite) return absl::OkStatus();
+// max |t|: one pass over the values on the CPU (where requests are decoded), ATen's ops elsewhere;
+// +inf if a value is infinite, else NaN if one is NaN (both propagate through max); 0 if empty.
+double MaxAbsValue(const torch::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return 0;
+  return t.is_cuda() ? t.abs().max().item<double>() : cpu::MaxAbs(t);
+}
+
+// Every value of `t` finite; its max |value| into *max_abs when given.
+absl::Status CheckFinite(const torch::Tensor& t, absl::string_view field,
+                         double* max_abs = nullptr) {
+  const double m = MaxAbsValue(t);
+  if (max_abs != nullptr) *max_abs = m;
+  if (std::isfinite(m)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": expected finite values, got NaN or inf"));
 }
@@ -111,7 +118,8 @@ absl::Status CheckAnchorAndClean(const BackboneConfig& c, const StepInputs& in, 
 
 // The checks run in this order, so the first failure named is stable: noised (and the grid),
 // timesteps, text, anchor, clean, rope shifts, then the finite-value passes.
-absl::Status ValidateStep(const BackboneConfig& c, const StepInputs& in) {
+absl::Status ValidateStep(const BackboneConfig& c, const StepInputs& in,
+                          InputMagnitudes* magnitudes) {
   PRAXIS_RETURN_IF_ERROR(CheckNoised(c, in));
   const int64_t b = in.noised.size(0), k = in.noised.size(2) / in.frames_per_chunk;
   PRAXIS_RETURN_IF_ERROR(CheckTimesteps(in.timesteps, b, k));
@@ -122,12 +130,12 @@ absl::Status ValidateStep(const BackboneConfig& c, const StepInputs& in) {
                                  absl::StrCat("rope_shifts[", i, "]"), "a value in [0, 129600)",
                                  absl::StrCat(in.rope_shifts[i])));
   }
-  for (const auto& [t, name] : {std::pair{&in.text, "text"},
-                                {&in.anchor, "anchor"},
-                                {&in.clean, "clean"},
-                                {&in.noised, "noised"}}) {
-    PRAXIS_RETURN_IF_ERROR(CheckFinite(*t, name));
+  InputMagnitudes found;
+  const std::array<const torch::Tensor*, 4> inputs = {&in.text, &in.anchor, &in.clean, &in.noised};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    PRAXIS_RETURN_IF_ERROR(CheckFinite(*inputs[i], InputMagnitudes::kFields[i], &found.max_abs[i]));
   }
+  if (magnitudes != nullptr) *magnitudes = found;
   return absl::OkStatus();
 }
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "model/cpu_kernels.h"
 #include "model/masks.h"
+#include "model/step_validation.h"
 #include "wire/step_codec.h"
 #include "wire/tensor_codec.h"
 
@@ -80,18 +80,15 @@ absl::Status CheckLimits(const model::StepInputs& in, const model::BackboneConfi
   return AtMost(model::DecoderTokens(c, layout), l.max_tokens, "noised", "decoder tokens");
 }
 
-// Every float input within +-max_abs_input: huge finite values (3e38) would come back as inf or
-// NaN with status OK.
-absl::Status CheckMagnitude(const model::StepInputs& in, double max_abs) {
-  for (const auto& [t, name] : {std::pair{&in.text, "text"},
-                                {&in.anchor, "anchor"},
-                                {&in.clean, "clean"},
-                                {&in.noised, "noised"}}) {
-    if (!t->defined() || t->numel() == 0) continue;
-    const double m = t->is_cuda() ? t->abs().max().item<double>() : model::cpu::MaxAbs(*t);
+// Every float input within +-max_abs_input (from ValidateStep's pass): huge finite values (3e38)
+// would come back as inf or NaN with status OK.
+absl::Status CheckMagnitude(const model::InputMagnitudes& found, double max_abs) {
+  for (size_t i = 0; i < found.max_abs.size(); ++i) {
+    const double m = found.max_abs[i];
     if (!(m <= max_abs)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": expected values within +-", max_abs, " (server limit), got ", m));
+      return absl::InvalidArgumentError(absl::StrCat(model::InputMagnitudes::kFields[i],
+                                                     ": expected values within +-", max_abs,
+                                                     " (server limit), got ", m));
     }
   }
   return absl::OkStatus();
@@ -150,9 +147,10 @@ absl::StatusOr<DecodedStep> Decode(const v1::StepRequest& r, const model::Backbo
   }
   for (int i = 0; i < r.rope_shifts_size(); ++i) in.rope_shifts[i] = r.rope_shifts(i);
   PRAXIS_ASSIGN_OR_RETURN(step.outputs, DecodeOutputs(r, config));
-  PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config, in));
+  model::InputMagnitudes magnitudes;
+  PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config, in, &magnitudes));
   PRAXIS_RETURN_IF_ERROR(CheckLimits(in, config, limits));
-  PRAXIS_RETURN_IF_ERROR(CheckMagnitude(in, limits.max_abs_input));
+  PRAXIS_RETURN_IF_ERROR(CheckMagnitude(magnitudes, limits.max_abs_input));
   step.cost = model::ComputeStepCost(config, model::StepLayout(in), in.decode, in.noised.size(0),
                                      limits.dense_attention);
   step.outputs.response_bytes = ResponseBytes(step.outputs, config, in, step.cost);

@@ -10,6 +10,7 @@
 
 #include "model/checkpoint.h"
 #include "model/step_runner.h"
+#include "model/step_validation.h"
 #include "wire/safetensors.h"
 
 namespace praxis::model {
@@ -272,6 +273,30 @@ TEST(BackboneTest, InvalidInputsNameTheField) {
   in.anchor = good.anchor.clone();
   in.anchor[0][0][0][0][0] = std::nan("");
   expect_error(in, "anchor");
+}
+
+// ValidateStep reports what its finite-value pass read: each float input's max |value|, in
+// InputMagnitudes::kFields' order, 0 for an absent one (the server's magnitude limit reads these).
+TEST(BackboneTest, ValidateStepReportsTheInputsMagnitudes) {
+  auto model = LoadTiny(AttentionMode::kSparse);
+  ASSERT_NE(model, nullptr);
+  StepInputs in = RandomStep(1, 2, 1, 3, 3, 4, 1);
+  in.text = in.text.clone();
+  in.text[0][1][2] = -7.5;
+  in.noised = in.noised.to(torch::kBFloat16);
+  InputMagnitudes found;
+  ASSERT_TRUE(ValidateStep(model->config(), in, &found).ok());
+  EXPECT_EQ(found.max_abs[0], 7.5);
+  const torch::Tensor* inputs[] = {&in.text, &in.anchor, &in.clean, &in.noised};
+  for (size_t i = 0; i < found.max_abs.size(); ++i) {
+    EXPECT_EQ(found.max_abs[i], inputs[i]->abs().max().item<double>())
+        << InputMagnitudes::kFields[i];
+  }
+  in.clean = torch::Tensor();
+  in.noised = in.noised.narrow(2, 0, 1);  // K = 1: no clean frames
+  in.timesteps = in.timesteps.narrow(1, 0, 1);
+  ASSERT_TRUE(ValidateStep(model->config(), in, &found).ok());
+  EXPECT_EQ(found.max_abs[2], 0);
 }
 
 // The serving path checks each request once (ValidateStep before queueing), and the runner's
