@@ -603,23 +603,25 @@ PRAXIS_AVX512 float SoftmaxRowToBf16(const float* s, int64_t padded, const uint8
 
 #endif
 
-// Whether TileAttention takes the AVX-512 steps: this CPU has them and the caller allows them.
-bool UseAvx512(AttentionIsa isa) {
+// Whether this CPU has AVX-512F (read once): the kernels' *Avx512 rows need it.
+bool HasAvx512() {
 #if defined(PRAXIS_X86_SIMD)
   static const bool has = __builtin_cpu_supports("avx512f");
-  return isa != AttentionIsa::kPortable && has;
+  return has;
 #else
-  (void)isa;
   return false;
 #endif
 }
+
+// Whether TileAttention takes the AVX-512 steps: this CPU has them and the caller allows them.
+bool UseAvx512(AttentionIsa isa) { return isa != AttentionIsa::kPortable && HasAvx512(); }
 
 // out[j] = x · router[j] for the E rows of router ([E, d], float32), one token. In AVX-512, eight
 // experts at a time, each its own FMA chain: one dot product after another waited on every FMA's
 // latency (3 ms of a bench-layout step, against ~0.3 ms for the float32 matmul it replaced).
 void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float* out) {
 #if defined(PRAXIS_X86_SIMD)
-  if (UseAvx512(AttentionIsa::kBest)) return RouterRowAvx512(x, router, d, e, out);
+  if (HasAvx512()) return RouterRowAvx512(x, router, d, e, out);
 #endif
   for (int64_t j = 0; j < e; ++j) out[j] = Dot(x, router + j * d, d);
 }
@@ -627,7 +629,7 @@ void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float*
 // a[i] = silu(a[i]) · b[i] in AVX-512 where the CPU has it, else by the clones.
 void SiluMulRowBest(float* a, const float* b, int64_t n) {
 #if defined(PRAXIS_X86_SIMD)
-  if (UseAvx512(AttentionIsa::kBest)) return SiluMulRowAvx512(a, b, n);
+  if (HasAvx512()) return SiluMulRowAvx512(a, b, n);
 #endif
   SiluMulRow(a, b, n);
 }
