@@ -61,6 +61,8 @@ class AnswerChain {
     }
     return more;
   }
+  // Whether the message Next just filled is the answer's last.
+  bool last() const { return responder_.has_value() && responder_->finished(); }
   void WriteDone() { clock_->WriteDone(); }
   void CallDone() { clock_->CallDone(); }
 
@@ -121,6 +123,11 @@ class StepReactor final : public grpc::ServerWriteReactor<v1::StepResponse> {
     absl::StatusOr<bool> more = chain_.Next(&msg_);
     if (!more.ok()) return End(more.status());
     if (!*more) return End(absl::OkStatus());
+    if (chain_.last()) {
+      // The trailer and the call's status in one operation: no reaction waited on between them.
+      chain_.Finish(absl::OkStatus());
+      return StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+    }
     StartWrite(&msg_);
   }
 

@@ -31,6 +31,9 @@ class StepResponder {
   // if a chunk cannot be converted. Never throws.
   absl::StatusOr<bool> Next(v1::StepResponse* msg);
 
+  // Whether the message Next last filled was the answer's last (its trailer).
+  bool finished() const { return stage_ == Stage::kDone; }
+
   // The tensor bytes of the whole answer (what the header announces).
   int64_t tensor_bytes() const { return tensor_bytes_; }
 
