@@ -37,13 +37,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(build: str, config: str, batch: int, threads: int) -> Server:
-    """The build's praxis-server on loopback port 0 serving `config` (tiny: the embedded model),
-    batching up to `batch` rows with `threads` intra-op threads; exits the program if it does not
-    come up within 60 s."""
+def config_path(config: str) -> str:
+    """configs/<config>.json; "" for tiny, the binaries' embedded model."""
+    return "" if config == "tiny" else os.path.join(ROOT, "configs", config + ".json")
+
+
+def start_server(build: str, config: str, batch: int, threads: int, dtype: str = "") -> Server:
+    """The build's praxis-server on loopback port 0 serving `config` (tiny: the embedded model) in
+    `dtype` (empty: the config's), batching up to `batch` rows with `threads` intra-op threads;
+    exits the program if it does not come up within 60 s."""
     flags = [f"--max_batch_size={batch}", f"--threads={threads}"]
-    if config != "tiny":
-        flags.append(f"--config={os.path.join(ROOT, 'configs', config + '.json')}")
+    if config_path(config):
+        flags.append(f"--config={config_path(config)}")
+    if dtype:
+        flags.append(f"--dtype={dtype}")
     try:
         return Server(*flags, binary=os.path.join(build, "server", "praxis-server"), timeout=60)
     except RuntimeError as e:

@@ -26,6 +26,9 @@
 #include "wire/synthetic.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safetensors)");
+ABSL_FLAG(std::string, config, "",
+          "with no --checkpoint: a config.json with praxis-server's random weights (seed 0); "
+          "neither: the embedded tiny model");
 ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
 ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, timesteps, ...)");
 ABSL_FLAG(std::string, layout, "",
@@ -57,6 +60,7 @@ absl::StatusOr<StepInputs> Inputs(const BackboneConfig& config) {
 absl::Status Run() {
   ModelSource source;
   source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  source.config_path = absl::GetFlag(FLAGS_config);
   source.dtype = absl::GetFlag(FLAGS_dtype);
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
   BackboneStepRunner runner(std::move(loaded.model));
