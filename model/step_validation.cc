@@ -1,7 +1,7 @@
 #include "model/step_validation.h"
 
-#include <array>
 #include <cmath>
+#include <iterator>
 #include <string>
 
 #include "absl/status/status.h"
@@ -131,9 +131,10 @@ absl::Status ValidateStep(const BackboneConfig& c, const StepInputs& in,
                                  absl::StrCat(in.rope_shifts[i])));
   }
   InputMagnitudes found;
-  const std::array<const torch::Tensor*, 4> inputs = {&in.text, &in.anchor, &in.clean, &in.noised};
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    PRAXIS_RETURN_IF_ERROR(CheckFinite(*inputs[i], InputMagnitudes::kFields[i], &found.max_abs[i]));
+  for (size_t i = 0; i < std::size(wire::kInputFields); ++i) {
+    const wire::InputField& field = wire::kInputFields[i];
+    if (field.tensor == &StepInputs::timesteps) continue;  // finite and in [0, 1]: CheckTimesteps
+    PRAXIS_RETURN_IF_ERROR(CheckFinite(in.*field.tensor, field.name, &found.max_abs[i]));
   }
   if (magnitudes != nullptr) *magnitudes = found;
   return absl::OkStatus();

@@ -4,19 +4,21 @@
 // (server/step_request.cc) and by VideoBackbone::Forward for direct callers.
 
 #include <array>
+#include <iterator>
 
 #include "absl/status/status.h"
 #include "model/config.h"
 #include "model/step.h"
+#include "wire/step_inputs.h"
 
 namespace praxis::model {
 
-// The largest |value| of each float input of a step, as ValidateStep's finite-value pass read it
-// (+inf if a value is infinite, else NaN if one is NaN; 0 for an absent or empty input): what a
-// caller's own bound on the values (the server's --max_abs_input) needs, without a second pass.
+// The largest |value| of each of a step's inputs, as ValidateStep's finite-value pass read it
+// (+inf if a value is infinite, else NaN if one is NaN; 0 for an absent or empty input, and for
+// the timesteps, which are checked against [0, 1] instead): what a caller's own bound on the
+// values (the server's --max_abs_input) needs, without a second pass.
 struct InputMagnitudes {
-  static constexpr std::array<const char*, 4> kFields = {"text", "anchor", "clean", "noised"};
-  std::array<double, 4> max_abs{};  // in kFields' order
+  std::array<double, std::size(wire::kInputFields)> max_abs{};  // in wire::kInputFields' order
 };
 
 // Checks every shape, dtype and value of `in` against `config` (with full isfinite passes);

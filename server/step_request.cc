@@ -86,7 +86,7 @@ absl::Status CheckMagnitude(const model::InputMagnitudes& found, double max_abs)
   for (size_t i = 0; i < found.max_abs.size(); ++i) {
     const double m = found.max_abs[i];
     if (!(m <= max_abs)) {
-      return absl::InvalidArgumentError(absl::StrCat(model::InputMagnitudes::kFields[i],
+      return absl::InvalidArgumentError(absl::StrCat(wire::kInputFields[i].name,
                                                      ": expected values within +-", max_abs,
                                                      " (server limit), got ", m));
     }

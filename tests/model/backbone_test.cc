@@ -275,8 +275,9 @@ TEST(BackboneTest, InvalidInputsNameTheField) {
   expect_error(in, "anchor");
 }
 
-// ValidateStep reports what its finite-value pass read: each float input's max |value|, in
-// InputMagnitudes::kFields' order, 0 for an absent one (the server's magnitude limit reads these).
+// ValidateStep reports what its finite-value pass read: each input's max |value|, in
+// wire::kInputFields' order, 0 for an absent one and for the timesteps (the server's magnitude
+// limit reads these).
 TEST(BackboneTest, ValidateStepReportsTheInputsMagnitudes) {
   auto model = LoadTiny(AttentionMode::kSparse);
   ASSERT_NE(model, nullptr);
@@ -287,10 +288,11 @@ TEST(BackboneTest, ValidateStepReportsTheInputsMagnitudes) {
   InputMagnitudes found;
   ASSERT_TRUE(ValidateStep(model->config(), in, &found).ok());
   EXPECT_EQ(found.max_abs[0], 7.5);
-  const torch::Tensor* inputs[] = {&in.text, &in.anchor, &in.clean, &in.noised};
   for (size_t i = 0; i < found.max_abs.size(); ++i) {
-    EXPECT_EQ(found.max_abs[i], inputs[i]->abs().max().item<double>())
-        << InputMagnitudes::kFields[i];
+    const wire::InputField& field = wire::kInputFields[i];
+    const double want =
+        field.tensor == &StepInputs::timesteps ? 0 : (in.*field.tensor).abs().max().item<double>();
+    EXPECT_EQ(found.max_abs[i], want) << field.name;
   }
   in.clean = torch::Tensor();
   in.noised = in.noised.narrow(2, 0, 1);  // K = 1: no clean frames
