@@ -71,7 +71,7 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads);
 
 // The largest head dim at which the CPU runs cpu::TileAttention in `dtype` (64 in float32, 32 in
-// fp16, and in bf16 256 on a CPU with bf16 matrix units, else 32; the environment variable
+// fp16, and in bf16 256 on a CPU with bf16 matrix units, else 64; the environment variable
 // PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once, overrides all for benchmarks: 0 = never).
 int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype);
 

@@ -45,9 +45,20 @@ struct CpuIsa {
 };
 CpuIsa DetectCpuIsa();
 
-// One line for the start-up log: the CPU, its units, and what running in `dtype` implies on it.
-// `slow` is set when the dtype has no hardware path here and LibTorch would emulate it (a bf16
-// step measured 29.5 s against 5 s in float32 on a CPU without bf16 units, docs/benchmarks.md).
-std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, bool* slow);
+// Whether `isa` has units for `dtype`'s arithmetic (float32: always); without them LibTorch
+// emulates it (a bf16 step measured 29.5 s against 5 s in float32, docs/benchmarks.md).
+bool HasUnitsFor(const CpuIsa& isa, torch::ScalarType dtype);
+
+// LibTorch's matmul rate in `dtype` over its float32 rate, measured now on the calling thread's
+// intra-op threads (512³ products, best of 8 each: ~30 ms). The units alone do not tell: bf16
+// on AVX512-BF16 ran 2.7x float32 on Zen 4 and 0.58x on a Xeon without AMX (docs/benchmarks.md).
+// Call only where HasUnitsFor(dtype): emulated products would take seconds.
+double MeasureMatmulSpeedup(torch::ScalarType dtype);
+
+// One line for the start-up log: the CPU, its units, and what running in `dtype` implies on it,
+// given `matmul_speedup` (MeasureMatmulSpeedup; 0: not measured). `slow` is set when the dtype is
+// emulated here or its matmuls measured slower than float32's.
+std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
+                                bool* slow);
 
 }  // namespace praxis::model

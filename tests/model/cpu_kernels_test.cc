@@ -297,6 +297,9 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   // Head dim 80: there the CPU runs LibTorch's flash kernel, by groups or as one dense call
   // (TileAttention takes the small head dims; TileAttentionTest).
   ASSERT_GT(80, TileAttentionMaxHeadDim(torch::kFloat32));
+  // bf16 never leaves to LibTorch's kernel a head that float32 keeps: without AMX that kernel's
+  // bf16 products are no faster than our float32 FMAs, or slower (docs/benchmarks.md, stop 26).
+  EXPECT_GE(TileAttentionMaxHeadDim(torch::kBFloat16), TileAttentionMaxHeadDim(torch::kFloat32));
   const torch::Tensor q = torch::randn({2, 4, t, 80});
   const torch::Tensor k = torch::randn({2, 2, t, 80});  // two query heads per kv head
   const torch::Tensor v = torch::randn({2, 2, t, 80});
@@ -465,23 +468,54 @@ TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
 TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
   bool slow = false;
   const CpuIsa bare{.model = "Old CPU", .avx512f = true};
-  EXPECT_NE(DescribeCpuForDtype(bare, torch::kBFloat16, &slow).find("emulated"), std::string::npos);
+  EXPECT_FALSE(HasUnitsFor(bare, torch::kBFloat16));
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kBFloat16, 0, &slow).find("emulated"),
+            std::string::npos);
   EXPECT_TRUE(slow);
-  DescribeCpuForDtype(bare, torch::kFloat16, &slow);
+  DescribeCpuForDtype(bare, torch::kFloat16, 0, &slow);
   EXPECT_TRUE(slow);
-  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, &slow).find("Old CPU [AVX-512]"),
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, 1, &slow).find("Old CPU [AVX-512]"),
             std::string::npos);
   EXPECT_FALSE(slow);
   const CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true};
-  const std::string zen4_bf16 = DescribeCpuForDtype(zen4, torch::kBFloat16, &slow);
-  EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16"), std::string::npos) << zen4_bf16;
-  EXPECT_NE(zen4_bf16.find("attention gains little"), std::string::npos) << zen4_bf16;
+  EXPECT_TRUE(HasUnitsFor(zen4, torch::kBFloat16));
+  const std::string zen4_bf16 = DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, &slow);
+  EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16 (measured 2.70x float32's rate)"),
+            std::string::npos)
+      << zen4_bf16;
+  EXPECT_NE(zen4_bf16.find("attention runs float32 FMAs"), std::string::npos) << zen4_bf16;
   EXPECT_FALSE(slow);
   const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, &slow)
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, &slow)
                 .find("matmuls run on AMX tiles, attention too"),
             std::string::npos);
   EXPECT_FALSE(slow);
+}
+
+// The same units can be the slow choice: a Xeon whose AMX is not enabled keeps AVX512-BF16, where
+// LibTorch's bf16 matmuls measured 0.58x its float32 ones; the line must say so, measured.
+TEST(CpuRuntimeTest, ReducedPrecisionMeasuredSlowerIsCalledSlow) {
+  bool slow = false;
+  const CpuIsa xeon{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .avx512_fp16 = true};
+  const std::string bf16 = DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, &slow);
+  EXPECT_TRUE(slow);
+  EXPECT_NE(bf16.find("measured 0.58x float32's rate"), std::string::npos) << bf16;
+  EXPECT_NE(bf16.find("--dtype=float32"), std::string::npos) << bf16;
+  DescribeCpuForDtype(xeon, torch::kFloat16, 0.9, &slow);
+  EXPECT_TRUE(slow);
+  DescribeCpuForDtype(xeon, torch::kFloat16, 1.5, &slow);
+  EXPECT_FALSE(slow);
+}
+
+// The measurement itself: float32 against itself is 1, and a dtype with units here gives a finite
+// positive rate (its value is this machine's; docs/benchmarks.md records it).
+TEST(CpuRuntimeTest, MeasuresTheMatmulSpeedupOfADtype) {
+  EXPECT_EQ(MeasureMatmulSpeedup(torch::kFloat32), 1);
+  if (HasUnitsFor(DetectCpuIsa(), torch::kBFloat16)) {
+    const double bf16 = MeasureMatmulSpeedup(torch::kBFloat16);
+    EXPECT_GT(bf16, 0);
+    EXPECT_TRUE(std::isfinite(bf16));
+  }
 }
 
 #if defined(__x86_64__)
