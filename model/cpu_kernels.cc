@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/util/intrusive_ptr.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -17,8 +18,13 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <type_traits>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace praxis::model::cpu {
 namespace {
@@ -1245,6 +1251,52 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate) {
     });
   });
   return y;
+}
+
+namespace {
+
+// Float32 copies of 16-bit weights, by the view they were made from (its storage, offset, sizes
+// and strides: an expert's slice of the stacked weights is its own entry). A copy lives while its
+// weight's storage does; one whose storage died (its model unloaded) is dropped at the next new
+// copy. The weak reference keeps the storage's control block, so its address is never reused
+// while the entry exists. Thread-safe.
+class Float32Copies {
+ public:
+  torch::Tensor Of(const torch::Tensor& w) {
+    Key key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
+            w.strides().vec()};
+    absl::MutexLock lock(&mu_);
+    auto it = copies_.find(key);
+    if (it != copies_.end() && !it->second.storage.expired()) return it->second.f32;
+    std::erase_if(copies_, [](const auto& entry) { return entry.second.storage.expired(); });
+    torch::Tensor f32 = w.to(torch::kFloat32);
+    copies_.insert_or_assign(std::move(key), Entry{w.storage().getWeakStorageImpl(), f32});
+    return f32;
+  }
+
+ private:
+  using Key = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>>;
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    torch::Tensor f32;
+  };
+  absl::Mutex mu_;
+  std::map<Key, Entry> copies_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+  TORCH_CHECK(w.dim() == 2 && x.size(-1) == w.size(0), "MatmulViaFloat32: x ", x.sizes(),
+              " against w ", w.sizes());
+  static Float32Copies* const copies = new Float32Copies();  // never destroyed: outlives models
+  const torch::Tensor w32 = copies->Of(w);
+  const torch::Tensor x32 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32);
+  const torch::Tensor y = b.defined() ? at::addmm(copies->Of(b), x32, w32) : at::mm(x32, w32);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(1);
+  return y.to(w.scalar_type()).view(shape);
 }
 
 }  // namespace praxis::model::cpu

@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -75,8 +76,10 @@ bool HasUnitsFor(const CpuIsa& isa, torch::ScalarType dtype) {
   return true;
 }
 
+namespace {
+
+// LibTorch's matmul rate in `dtype` over its float32 rate, measured now (MatmulSpeedup).
 double MeasureMatmulSpeedup(torch::ScalarType dtype) {
-  if (dtype == torch::kFloat32) return 1;
   const auto best_seconds = [](torch::ScalarType t) {
     const torch::Tensor a = torch::randn({512, 512}).to(t), b = torch::randn({512, 512}).to(t);
     torch::Tensor c = at::mm(a, b);  // the warm-up: oneDNN builds its kernel on the first call
@@ -91,8 +94,27 @@ double MeasureMatmulSpeedup(torch::ScalarType dtype) {
   return best_seconds(torch::kFloat32) / best_seconds(dtype);
 }
 
+}  // namespace
+
+double MatmulSpeedup(torch::ScalarType dtype) {
+  if (dtype == torch::kFloat32) return 1;
+  const auto measured = [](torch::ScalarType t) {
+    return HasUnitsFor(DetectCpuIsa(), t) ? MeasureMatmulSpeedup(t) : 0.0;
+  };
+  static const double bf16 = measured(torch::kBFloat16);
+  static const double fp16 = measured(torch::kFloat16);
+  return dtype == torch::kBFloat16 ? bf16 : dtype == torch::kFloat16 ? fp16 : 0.0;
+}
+
+bool ReducedGemmInFloat32(torch::ScalarType dtype) {
+  if (dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;
+  static const char* const env = std::getenv("PRAXIS_REDUCED_GEMM_IN_FLOAT32");
+  if (env != nullptr) return std::atoi(env) != 0;
+  return MatmulSpeedup(dtype) < 1;  // 0 (emulated) included
+}
+
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                bool* slow) {
+                                bool gemm_in_float32, bool* slow) {
   std::vector<std::string> units;
   if (isa.amx_bf16) units.push_back("AMX-BF16");
   if (isa.amx_fp16) units.push_back("AMX-FP16");
@@ -108,14 +130,18 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
     implies = "float32";
   } else if (!HasUnitsFor(isa, dtype)) {
     *slow = true;
-    implies = absl::StrCat(name, " has no hardware path here and is emulated: expect it several ",
-                           "times slower than float32 (--dtype=float32)");
+    implies = absl::StrCat(name, " has no hardware path here and is emulated",
+                           gemm_in_float32 ? " (its matmuls run on the float32 GEMM)" : "",
+                           ": expect it several times slower than float32 (--dtype=float32)");
   } else if (matmul_speedup > 0 && matmul_speedup < 1) {
     // AVX512-BF16 without AMX on a Xeon: vdpbf16ps measured 1.4x the FMA's multiply-adds per
-    // second there, and oneDNN's bf16 GEMM 0.58x LibTorch's float32 one (stop 26).
-    *slow = true;
-    implies = absl::StrCat(name, " matmuls are slower than float32's here", measured, ": expect ",
-                           name, " steps slower than float32 (--dtype=float32)");
+    // second there, and oneDNN's bf16 GEMM 0.48-0.58x LibTorch's float32 one (stop 26).
+    *slow = !gemm_in_float32;
+    implies = gemm_in_float32
+                  ? absl::StrCat(name, " matmuls run on the float32 GEMM here: LibTorch's ", name,
+                                 " GEMM is the slower one", measured)
+                  : absl::StrCat(name, " matmuls are slower than float32's here", measured,
+                                 ": expect ", name, " steps slower than float32 (--dtype=float32)");
   } else if (dtype == torch::kBFloat16) {
     // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
     // for heads wider than cpu::kNarrowHeadDim; without AMX they stay float32 FMAs.

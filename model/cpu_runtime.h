@@ -49,16 +49,24 @@ CpuIsa DetectCpuIsa();
 // emulates it (a bf16 step measured 29.5 s against 5 s in float32, docs/benchmarks.md).
 bool HasUnitsFor(const CpuIsa& isa, torch::ScalarType dtype);
 
-// LibTorch's matmul rate in `dtype` over its float32 rate, measured now on the calling thread's
-// intra-op threads (512³ products, best of 8 each: ~30 ms). The units alone do not tell: bf16
-// on AVX512-BF16 ran 2.7x float32 on Zen 4 and 0.58x on a Xeon without AMX (docs/benchmarks.md).
-// Call only where HasUnitsFor(dtype): emulated products would take seconds.
-double MeasureMatmulSpeedup(torch::ScalarType dtype);
+// LibTorch's matmul rate in `dtype` over its float32 rate, measured at the first call for each
+// dtype (512³ products on the calling thread's intra-op threads, best of 8 each: ~30 ms) and
+// remembered. The units alone do not tell: bf16 on AVX512-BF16 ran 2.7x float32 on Zen 4 and
+// 0.48-0.58x on a Xeon without AMX (docs/benchmarks.md). 0 where !HasUnitsFor(DetectCpuIsa(),
+// dtype): emulated products would take seconds to time. Thread-safe.
+double MatmulSpeedup(torch::ScalarType dtype);
+
+// Whether the CPU runs `dtype` (bf16 / fp16) matmuls on the float32 GEMM (cpu::MatmulViaFloat32):
+// where LibTorch's own GEMM in that dtype is emulated or measured slower than its float32 one
+// (MatmulSpeedup < 1). The environment variable PRAXIS_REDUCED_GEMM_IN_FLOAT32 (0 or 1), read
+// once, overrides it for benchmarks. Thread-safe.
+bool ReducedGemmInFloat32(torch::ScalarType dtype);
 
 // One line for the start-up log: the CPU, its units, and what running in `dtype` implies on it,
-// given `matmul_speedup` (MeasureMatmulSpeedup; 0: not measured). `slow` is set when the dtype is
-// emulated here or its matmuls measured slower than float32's.
+// given `matmul_speedup` (MatmulSpeedup; 0: not measured) and `gemm_in_float32`
+// (ReducedGemmInFloat32). `slow` is set when the dtype is emulated here, or its matmuls measured
+// slower than float32's and still run in it.
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                bool* slow);
+                                bool gemm_in_float32, bool* slow);
 
 }  // namespace praxis::model

@@ -13,10 +13,27 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/cpu_runtime.h"
 
 namespace praxis::model {
 
+namespace {
+
+// Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).
+bool GemmInFloat32(const torch::Tensor& x, const torch::Tensor& w) {
+  return !x.is_cuda() && w.scalar_type() != torch::kFloat32 &&
+         ReducedGemmInFloat32(w.scalar_type());
+}
+
+// x · w for a weight w [in, out] (the experts' layout).
+torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w) {
+  return GemmInFloat32(x, w) ? cpu::MatmulViaFloat32(x, w) : torch::matmul(x, w);
+}
+
+}  // namespace
+
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  if (GemmInFloat32(x, w)) return cpu::MatmulViaFloat32(x, w.t(), b);
   const torch::Tensor xd = x.to(w.scalar_type());
   // In bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
   // three dimensions, contiguous, and sends the rest (video tokens as a permuted view, a narrowed
@@ -117,7 +134,7 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
-  return torch::linear(SiluMul(torch::linear(xd, a), torch::linear(xd, b)), down);
+  return Linear(SiluMul(Linear(xd, a, {}), Linear(xd, b, {})), down, {});
 }
 
 namespace {
@@ -125,8 +142,8 @@ namespace {
 // One SwiGLU expert with fused [dim, 2·inner] gate_up weights (gate first, up second).
 torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
                           const torch::Tensor& down) {
-  const auto gu = torch::matmul(x, gate_up).chunk(2, -1);
-  return torch::matmul(SiluMul(gu[0], gu[1]), down);
+  const auto gu = MatmulWeight(x, gate_up).chunk(2, -1);
+  return MatmulWeight(SiluMul(gu[0], gu[1]), down);
 }
 
 // The routing of one MoE block: each token's top_k experts and their combine weights, and the

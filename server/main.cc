@@ -221,11 +221,11 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
                                   .load = absl::GetFlag(FLAGS_load)};
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, *backbone));
   if (!backbone->device.is_cuda()) {
-    const model::CpuIsa isa = model::DetectCpuIsa();
     const torch::ScalarType dtype = loaded.model->dtype();
-    const double speedup = model::HasUnitsFor(isa, dtype) ? model::MeasureMatmulSpeedup(dtype) : 0;
     bool slow = false;
-    const std::string cpu = model::DescribeCpuForDtype(isa, dtype, speedup, &slow);
+    const std::string cpu =
+        model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
+                                   model::ReducedGemmInFloat32(dtype), &slow);
     (slow ? std::cerr : std::cout)
         << "praxis-server: " << (slow ? "WARNING: " : "") << cpu << std::endl;
   }
