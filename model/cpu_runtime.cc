@@ -101,9 +101,16 @@ double MatmulSpeedup(torch::ScalarType dtype) {
   const auto measured = [](torch::ScalarType t) {
     return HasUnitsFor(DetectCpuIsa(), t) ? MeasureMatmulSpeedup(t) : 0.0;
   };
-  static const double bf16 = measured(torch::kBFloat16);
-  static const double fp16 = measured(torch::kFloat16);
-  return dtype == torch::kBFloat16 ? bf16 : dtype == torch::kFloat16 ? fp16 : 0.0;
+  // Each dtype is timed at its own first call only: a bf16 server never times float16.
+  if (dtype == torch::kBFloat16) {
+    static const double bf16 = measured(torch::kBFloat16);
+    return bf16;
+  }
+  if (dtype == torch::kFloat16) {
+    static const double fp16 = measured(torch::kFloat16);
+    return fp16;
+  }
+  return 0;
 }
 
 bool ReducedGemmInFloat32(torch::ScalarType dtype) {
