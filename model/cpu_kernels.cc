@@ -1262,16 +1262,34 @@ namespace {
 // while the entry exists. Thread-safe.
 class Float32Copies {
  public:
+  // w's float32 copy; undefined when it would not fit in the budget.
   torch::Tensor Of(const torch::Tensor& w) {
     Key key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
             w.strides().vec()};
     absl::MutexLock lock(&mu_);
     auto it = copies_.find(key);
     if (it != copies_.end() && !it->second.storage.expired()) return it->second.f32;
-    std::erase_if(copies_, [](const auto& entry) { return entry.second.storage.expired(); });
+    std::erase_if(copies_, [this](const auto& entry) {
+      if (!entry.second.storage.expired()) return false;
+      held_ -= entry.second.f32.nbytes();
+      return true;
+    });
+    const int64_t bytes = w.numel() * static_cast<int64_t>(sizeof(float));
+    if (held_ + bytes > budget_) return {};
     torch::Tensor f32 = w.to(torch::kFloat32);
+    held_ += bytes;
     copies_.insert_or_assign(std::move(key), Entry{w.storage().getWeakStorageImpl(), f32});
     return f32;
+  }
+
+  void SetBudget(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    budget_ = bytes;
+  }
+
+  static Float32Copies& Get() {
+    static Float32Copies* const copies = new Float32Copies();  // never destroyed: outlives models
+    return *copies;
   }
 
  private:
@@ -1282,6 +1300,8 @@ class Float32Copies {
   };
   absl::Mutex mu_;
   std::map<Key, Entry> copies_ ABSL_GUARDED_BY(mu_);
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the copies in copies_
+  int64_t budget_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 30;
 };
 
 }  // namespace
@@ -1290,13 +1310,20 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b) {
   TORCH_CHECK(w.dim() == 2 && x.size(-1) == w.size(0), "MatmulViaFloat32: x ", x.sizes(),
               " against w ", w.sizes());
-  static Float32Copies* const copies = new Float32Copies();  // never destroyed: outlives models
-  const torch::Tensor w32 = copies->Of(w);
-  const torch::Tensor x32 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32);
-  const torch::Tensor y = b.defined() ? at::addmm(copies->Of(b), x32, w32) : at::mm(x32, w32);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(1);
+  const torch::Tensor w32 = Float32Copies::Get().Of(w);
+  const torch::Tensor b32 = b.defined() && w32.defined() ? Float32Copies::Get().Of(b) : b;
+  const bool fits = w32.defined() && (!b.defined() || b32.defined());
+  if (!fits) {  // over the budget: LibTorch's GEMM in w's dtype
+    const torch::Tensor xd = x.reshape({-1, x.size(-1)}).to(w.scalar_type());
+    return (b.defined() ? at::addmm(b, xd, w) : at::mm(xd, w)).view(shape);
+  }
+  const torch::Tensor x32 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32);
+  const torch::Tensor y = b.defined() ? at::addmm(b32, x32, w32) : at::mm(x32, w32);
   return y.to(w.scalar_type()).view(shape);
 }
+
+void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }
 
 }  // namespace praxis::model::cpu

@@ -25,6 +25,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
+#include "model/cpu_kernels.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
 #include "model/step_runner.h"
@@ -66,6 +67,9 @@ ABSL_FLAG(absl::Duration, max_queue_delay, absl::ZeroDuration(),
           "... or this long after its oldest request arrived. 0: a batch starts as soon as the "
           "worker is free, and requests that arrive while it computes form the next one (measured "
           "best at 1 and 8 callers; waiting only pays for sparse open-loop traffic)");
+ABSL_FLAG(int64_t, max_float32_weight_bytes, int64_t{1} << 30,
+          "bytes of float32 copies of 16-bit matmul weights the CPU may keep where LibTorch's "
+          "16-bit GEMM is the slower one (the start-up line says); weights beyond run on it");
 ABSL_FLAG(int64_t, max_queue_requests, 1024, "queued requests beyond which RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queue_bytes, int64_t{1} << 30, "queued input bytes beyond which the same");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload (>= 8)");
@@ -282,6 +286,11 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
   model::DefaultToOneIntraOpThread();
   model::KeepFreedMemoryForReuse();
+  if (absl::GetFlag(FLAGS_max_float32_weight_bytes) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_float32_weight_bytes must be >= 0, got ",
+                                                   absl::GetFlag(FLAGS_max_float32_weight_bytes)));
+  }
+  model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   model::BackboneOptions backbone;
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone));

@@ -559,6 +559,27 @@ TEST(MatmulViaFloat32Test, EqualsTheSixteenBitGemmUpToSumOrder) {
   }
 }
 
+// Over its byte budget a weight runs on LibTorch's 16-bit GEMM (bit for bit the same call), so the
+// float32 copies never hold more than the server's --max_float32_weight_bytes.
+TEST(MatmulViaFloat32Test, AWeightOverTheBudgetRunsOnTheSixteenBitGemm) {
+  torch::manual_seed(12);
+  const torch::Tensor x = torch::randn({3, 7, 32}).to(torch::kBFloat16);
+  const torch::Tensor w = torch::randn({16, 32}).to(torch::kBFloat16);
+  const torch::Tensor b = torch::randn({16}).to(torch::kBFloat16);
+  cpu::SetFloat32WeightBudget(0);
+  const torch::Tensor got = cpu::MatmulViaFloat32(x, w.t(), b);
+  cpu::SetFloat32WeightBudget(int64_t{1} << 30);
+  const torch::Tensor native = at::addmm(b, x.reshape({21, 32}), w.t()).view({3, 7, 16});
+  EXPECT_TRUE(torch::equal(got, native));
+  // Within the budget the same weight gets its copy: the float32 GEMM, one rounding at the end.
+  const torch::Tensor within = cpu::MatmulViaFloat32(x, w.t(), b);
+  const torch::Tensor exact =
+      torch::addmm(b.to(torch::kFloat64), x.reshape({21, 32}).to(torch::kFloat64),
+                   w.t().to(torch::kFloat64))
+          .view({3, 7, 16});
+  EXPECT_LE((within.to(torch::kFloat64) - exact).abs().max().item<double>(), 64.0 / 256);
+}
+
 #if defined(__x86_64__)
 TEST(CpuRuntimeTest, DetectsThisCpu) {
   const CpuIsa isa = DetectCpuIsa();
