@@ -138,15 +138,24 @@ absl::StatusOr<CapturedStep> StepGraphs::Build(const StepInputs& batch) {
   try {
     AllocateBuffers(batch, device_, s);
     CaptureInto(s);
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " ran out of device memory: ", e.what()));
+    if (s.bytes > cache_.max_bytes()) {
+      // Held, it would be the cache's only entry and evict every other graph, then be evicted by
+      // the next (layout, rows) and captured again: a thrash measured on an H200 (a bench-layout
+      // graph of the reduced Praxis-1 model is 10.5 GB). Such steps are long enough that a graph
+      // saves little (1-2 % there): drop it, return its pool to the device, and run eagerly.
+      const int64_t needed = s.bytes;
+      Discard(s);
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      s.failure = absl::StrCat("its graph needs ", needed,
+                               " device bytes, over --cuda_graph_bytes (", cache_.max_bytes(), ")");
+      ++over_budget_;
+      std::cerr << "praxis-server: " << what << " runs eagerly: " << s.failure << std::endl;
+    }
   } catch (const std::exception& e) {
-    // Kept for its plan and its reason only: no buffers, no bytes.
-    s.inputs = s.staging = StepInputs();
-    s.staged.reset();
-    s.outputs = BackboneOutput();
-    s.bytes = 0;
+    // Out of device memory too: cached like any failure, or every batch of that (layout, rows)
+    // would pay an eager warm-up and a failing capture before its own eager step.
+    Discard(s);
+    c10::cuda::CUDACachingAllocator::emptyCache();
     s.failure = e.what();
     ++capture_failures_;
     std::cerr << "praxis-server: " << what
@@ -154,6 +163,14 @@ absl::StatusOr<CapturedStep> StepGraphs::Build(const StepInputs& batch) {
               << std::endl;
   }
   return s;
+}
+
+void StepGraphs::Discard(CapturedStep& s) {
+  s.outputs = BackboneOutput();  // before the graph: they live in its pool
+  s.graph.reset();
+  s.inputs = s.staging = StepInputs();
+  s.staged.reset();
+  s.bytes = 0;
 }
 
 absl::StatusOr<std::shared_ptr<const CapturedStep>> StepGraphs::Get(const StepInputs& batch) {
@@ -164,7 +181,7 @@ absl::StatusOr<std::shared_ptr<const CapturedStep>> StepGraphs::Get(const StepIn
 absl::Status StepGraphs::Capture(const StepInputs& batch) {
   PRAXIS_ASSIGN_OR_RETURN(const std::shared_ptr<const CapturedStep> s, Get(batch));
   if (s->graph == nullptr) {
-    return absl::InternalError(absl::StrCat("CUDA graph capture failed: ", s->failure));
+    return absl::InternalError(absl::StrCat("no CUDA graph, the step runs eagerly: ", s->failure));
   }
   return absl::OkStatus();
 }
@@ -190,7 +207,6 @@ void StepGraphs::Stage(const StepInputs& batch, const CapturedStep& s) {
 
 absl::StatusOr<BackboneOutput> StepGraphs::Run(const StepInputs& batch) {
   absl::StatusOr<std::shared_ptr<const CapturedStep>> got = Get(batch);
-  if (absl::IsResourceExhausted(got.status())) return model_.ForwardValidated(batch);
   PRAXIS_RETURN_IF_ERROR(got.status());
   const CapturedStep& s = **got;
   if (s.graph == nullptr) return model_.ForwardPlanned(batch, *s.plan);
@@ -204,6 +220,8 @@ absl::StatusOr<BackboneOutput> StepGraphs::Run(const StepInputs& batch) {
   }
 }
 
-GraphStats StepGraphs::stats() const { return {cache_.stats(), capture_failures_.load()}; }
+GraphStats StepGraphs::stats() const {
+  return {cache_.stats(), capture_failures_.load(), over_budget_.load()};
+}
 
 }  // namespace praxis::model

@@ -45,18 +45,22 @@ struct CapturedStep {
   int64_t nbytes() const { return bytes; }
 };
 
-// Counters of the graph cache, and the captures that failed (their layouts run eagerly).
+// Counters of the graph cache, the captures that failed and those whose graph alone was over the
+// byte bound (both kinds of (layout, rows) run eagerly).
 struct GraphStats {
   CacheStats cache;
   int64_t capture_failures = 0;
+  int64_t over_budget = 0;
 };
 
 // Runs a VideoBackbone on CUDA through captured graphs, capturing each (layout key, rows) on first
 // use and keeping the captures in a SharedLruCache bounded by device bytes. Captures in
 // cudaStreamCaptureModeGlobal, where any host synchronisation fails the capture: a capture that
 // succeeds is the proof that the forward never waits on the device. A capture that fails is
-// logged once (stderr) and its layout falls back to the eager forward; a capture that ran out of
-// device memory is not cached (that batch runs eagerly, a later one tries again).
+// logged once (stderr) and its layout falls back to the eager forward (one that ran out of device
+// memory too: it is tried again only once the cache has evicted its entry). A graph that
+// alone holds more than `max_bytes` is dropped after its capture and its (layout, rows) cached as
+// eager, so that one huge step cannot evict every other graph at each of its batches.
 // Not thread-safe: one batcher worker runs it (the replayed buffers are shared); stats() may be
 // called from any thread. The model, on a CUDA device, must outlive it.
 class StepGraphs {
@@ -71,7 +75,8 @@ class StepGraphs {
   absl::StatusOr<BackboneOutput> Run(const StepInputs& batch);
 
   // Captures the graph of `batch`'s layout and rows now (warm-up, before health says SERVING);
-  // the error of a failed capture, which Run would have logged and run eagerly.
+  // the reason when there is no graph (a failed capture, or one over the byte bound), which Run
+  // would have logged and run eagerly.
   absl::Status Capture(const StepInputs& batch);
 
   GraphStats stats() const;
@@ -80,11 +85,14 @@ class StepGraphs {
   // The cached capture of `batch`'s (layout key, rows), capturing it on a miss.
   absl::StatusOr<std::shared_ptr<const CapturedStep>> Get(const StepInputs& batch);
   // Stages, warms up and captures one forward of `batch`; a CapturedStep with a null graph and
-  // the reason when capturing throws; ResourceExhausted (not cached) when it ran out of memory.
+  // the reason when capturing throws or its graph alone is over the byte bound.
   absl::StatusOr<CapturedStep> Build(const StepInputs& batch);
   // Warms up on the capture stream and captures `s`'s forward into `s.graph`; throws on failure,
   // with the stream and the allocator back to normal.
   void CaptureInto(CapturedStep& s);
+  // Frees what `s` holds on the device (its outputs before the graph whose pool they live in),
+  // leaving its plan: the entry of a (layout, rows) that runs eagerly.
+  static void Discard(CapturedStep& s);
   // Copies `batch` into `s`'s static inputs through its staging buffers, on the copy stream that
   // the current stream then waits for.
   void Stage(const StepInputs& batch, const CapturedStep& s);
@@ -96,6 +104,7 @@ class StepGraphs {
   std::unique_ptr<Streams> streams_;
   SharedLruCache<std::string, CapturedStep> cache_;
   std::atomic<int64_t> capture_failures_{0};
+  std::atomic<int64_t> over_budget_{0};
 };
 
 }  // namespace praxis::model

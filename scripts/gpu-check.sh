@@ -2,8 +2,8 @@
 # The device check of issue 14, one command for a lent GPU machine (bare and offline: torch under
 # its python3, no Abseil, gRPC, ...): the GPU tests, the GPU benchmark on configs/bench.json and
 # configs/praxis-1-reduced.json, and praxis-server on cuda with the reduced Praxis-1 config driven
-# by praxis-load at 1 and 8 callers (30 s each; graphs of 1 and 8 rows captured at warm-up, its
-# graph metrics scraped after). Writes into OUTDIR three files: summary.json (also
+# by praxis-load at 1 and 8 callers on the bench layout and a small one (20 s each; graphs of 1
+# and 8 rows captured at warm-up, its graph metrics scraped after). Writes into OUTDIR three files: summary.json (also
 # printed), gpu_test.xml and logs.txt. At most about 7.5 minutes: every stage has its own timeout.
 #   scripts/gpu-check.sh OUTDIR          on the device (binaries from gpu-pack/, see gpu-pack.sh)
 #   scripts/gpu-check.sh OUTDIR --cpu    the same stages on this CPU machine, device cpu, the tiny
@@ -61,12 +61,14 @@ stage() {
 }
 
 if [[ $MODE == cuda ]]; then
-  DEVICE=cuda DUR=30s WARM=3s REPEATS=10 LAYOUTS=bench,small MIX=256,30,40,4,2 WARM_ROWS=1,8
+  DEVICE=cuda DUR=20s WARM=3s REPEATS=10 LAYOUTS=bench,small WARM_ROWS=1,8
+  SERVED=("bench 256,30,40,4,2" "small 32,6,8,2,1")  # name and layout of each served load
   BENCHES=("bench configs/bench.json 30" "praxis-1-reduced configs/praxis-1-reduced.json 70")
   SERVED_CONFIG=configs/praxis-1-reduced.json
   LIMITS=(90 75 40)  # seconds: gpu_test, the server's start, each praxis-load run
 else
-  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small MIX=16,4,4,2,1 WARM_ROWS=1
+  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small WARM_ROWS=1
+  SERVED=("small 16,4,4,2,1")
   BENCHES=("tiny configs/tiny.json 30" "bench configs/bench.json 30")
   SERVED_CONFIG=configs/tiny.json
   LIMITS=(60 60 30)
@@ -87,12 +89,15 @@ for entry in "${BENCHES[@]}"; do
   done
 done
 
-# The real server on $DEVICE, on loopback, then praxis-load at 1 and 8 callers.
+# The real server on $DEVICE, on loopback, then praxis-load at 1 and 8 callers on each layout of
+# SERVED (all warmed up first); the summary reads SERVED back from served_layouts.txt.
 serve_and_load() {
-  local port_file="$WORK/port.json" port="" waited=0
+  local port_file="$WORK/port.json" port="" waited=0 entry name mix warmup=""
+  printf '%s\n' "${SERVED[@]}" >"$WORK/served_layouts.txt"
+  for entry in "${SERVED[@]}"; do warmup+="${warmup:+;}${entry#* }"; done
   env LD_LIBRARY_PATH="$RUN_LIBS" "$SERVER" --device="$DEVICE" --config="$ROOT/$SERVED_CONFIG" \
     --host=127.0.0.1 --port=0 --metrics_host=127.0.0.1 --metrics_port=0 \
-    --port_file="$port_file" --warmup="$MIX" --warmup_rows="$WARM_ROWS" --max_request_cost=1e7 \
+    --port_file="$port_file" --warmup="$warmup" --warmup_rows="$WARM_ROWS" --max_request_cost=1e7 \
     >"$WORK/server.log" 2>&1 &
   local pid=$!
   while [[ ! -s "$port_file" ]] && kill -0 "$pid" 2>/dev/null && ((waited < LIMITS[1] * 10)); do
@@ -106,9 +111,13 @@ serve_and_load() {
     "$port_file" 2>/dev/null)"
   if [[ -n "$port" ]]; then echo 0; else echo 1; fi >"$WORK/rc.server_start"
   if [[ -n "$port" ]]; then
-    for n in 1 8; do
-      stage "load_$n" "${LIMITS[2]}" "$LOAD" --address="127.0.0.1:$port" --concurrency="$n" \
-        --duration="$DUR" --warmup="$WARM" --mix="$MIX" --json="$WORK/load_$n.json"
+    for entry in "${SERVED[@]}"; do
+      read -r name mix <<<"$entry"
+      for n in 1 8; do
+        stage "load_${name}_$n" "${LIMITS[2]}" "$LOAD" --address="127.0.0.1:$port" \
+          --concurrency="$n" --duration="$DUR" --warmup="$WARM" --mix="$mix" \
+          --json="$WORK/load_${name}_$n.json"
+      done
     done
     # The graph cache's counters after the load (the summary keeps praxis_cuda_graph_*).
     python3 -c 'import sys,urllib.request as u;print(u.urlopen(sys.argv[1],timeout=10).read().decode())' \

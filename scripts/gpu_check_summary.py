@@ -2,7 +2,7 @@
 
 Keys: mode, gpu (nvidia-smi's name, driver, memory; null on cpu), versions, stages (exit status of
 each), parity (gpu_test's cases from its XML), bench (gpu_bench's JSON per config), served (the
-served config and praxis-load's p50/p99 per caller count), cuda_graphs (gpu_bench's capture and
+served config and, per served layout, praxis-load's p50/p99 per caller count), cuda_graphs (gpu_bench's capture and
 eager-vs-graph p50 per config and layout, and the served server's praxis_cuda_graph_* metrics
 after the load; both empty on cpu, where steps run eagerly), elapsed_s. Prints it and
 exits 1 when a stage failed or a test failed. Standard library only: the device's python3 has it.
@@ -74,15 +74,26 @@ def bench(work):
 
 
 def served(work, config):
-    out = {"config": config}
-    for n in ("1", "8"):
-        j = read_json(os.path.join(work, f"load_{n}.json"))
-        lat = j.get("latency_ms", {})
-        out[n] = {"p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"), "ok": j.get("ok"),
-                  "errors": j.get("errors"), "throughput_rps": j.get("throughput_rps"),
-                  "server_compute_p50_ms": j.get("server_compute_ms", {}).get("p50")}
-        if "error" in j:
-            out[n]["error"] = j["error"]
+    """Per served layout (served_layouts.txt: name and layout per line), praxis-load's figures at
+    1 and 8 callers, and the 8-caller throughput over the 1-caller one."""
+    out = {"config": config, "layouts": {}}
+    try:
+        with open(os.path.join(work, "served_layouts.txt")) as f:
+            entries = [line.split() for line in f if line.strip()]
+    except OSError:
+        entries = []
+    for name, mix in entries:
+        layout = out["layouts"][name] = {"layout": mix}
+        for n in ("1", "8"):
+            j = read_json(os.path.join(work, f"load_{name}_{n}.json"))
+            lat = j.get("latency_ms", {})
+            layout[n] = {"p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"), "ok": j.get("ok"),
+                         "errors": j.get("errors"), "throughput_rps": j.get("throughput_rps"),
+                         "server_compute_p50_ms": j.get("server_compute_ms", {}).get("p50")}
+            if "error" in j:
+                layout[n]["error"] = j["error"]
+        one, eight = layout["1"]["throughput_rps"], layout["8"]["throughput_rps"]
+        layout["batching_8_over_1"] = eight / one if one and eight else None
     return out
 
 

@@ -96,6 +96,10 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
     out.push_back(Family("praxis_cuda_graph_capture_failures_total",
                          "Captures that failed; those layouts run eagerly.", MetricType::Counter,
                          g.capture_failures));
+    out.push_back(Family("praxis_cuda_graph_over_budget_total",
+                         "Graphs dropped after capture for holding more than --cuda_graph_bytes "
+                         "alone; those (layout, rows) run eagerly.",
+                         MetricType::Counter, g.over_budget));
   }
 
   std::function<LiveValues()> live_;

@@ -16,7 +16,7 @@ def main(path):
     # On the CPU steps run eagerly: no graph timings, and the server exposes no graph metrics.
     assert s["cuda_graphs"] == {"bench": {}, "served_metrics": {}}, s["cuda_graphs"]
     stages = {"gpu_test", "bench_tiny_sparse", "bench_tiny_dense", "bench_bench_sparse",
-              "bench_bench_dense", "server_start", "load_1", "load_8", "server_exit"}
+              "bench_bench_dense", "server_start", "load_small_1", "load_small_8", "server_exit"}
     assert set(s["stages"]) == stages, s["stages"]
     assert all(rc == 0 for rc in s["stages"].values()), s["stages"]
     parity = s["parity"]
@@ -29,10 +29,13 @@ def main(path):
             layout = bench["attention"][mode]["layouts"]["small"]
             assert layout["p50_ms"] > 0 and layout["useful_tflops"] > 0, (name, mode, layout)
             assert bench["attention"][mode]["memory"]["peak_bytes"] > 0, (name, mode)
+    assert list(s["served"]["layouts"]) == ["small"], s["served"]
+    small = s["served"]["layouts"]["small"]
     for callers in ("1", "8"):
-        load = s["served"][callers]
+        load = small[callers]
         assert load["ok"] > 0 and load["errors"] == 0, (callers, load)
         assert 0 < load["p50_ms"] <= load["p99_ms"], (callers, load)
+    assert small["batching_8_over_1"] > 0, small
     assert s["versions"]["torch_python"] is None or "2.11.0" in s["versions"]["torch_python"]
     print(f"{path}: every key present, {len(stages)} stages exited 0")
 

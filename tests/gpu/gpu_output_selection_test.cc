@@ -1,6 +1,6 @@
 // Only what is asked for, on CUDA (issues 13 and 14): BackboneStepRunner copies back exactly the
-// outputs a batch asked for, each to the host in pinned memory, the same as an all-outputs run
-// of the same inputs copies back. Skipped without a CUDA device; on one, run by
+// outputs a batch asked for, each computed on the device to the host in pinned memory, the same as
+// an all-outputs run of the same inputs copies back. Skipped without a CUDA device; on one, run by
 // scripts/gpu-check.sh.
 
 #include <gtest/gtest.h>
@@ -32,7 +32,8 @@ TEST(GpuOutputSelectionTest, OnlyTheWantedOutputsComeBackPinnedAndEqual) {
   for (const auto& [name, t] : NamedOutputs(some)) {
     names.push_back(name);
     EXPECT_TRUE(t.device().is_cpu()) << name;
-    EXPECT_TRUE(t.is_pinned()) << name;
+    // The positions are made on the host from the layout (no device copy to speed up).
+    EXPECT_TRUE(t.is_pinned() || name == "positions") << name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"velocity", "tap.1", "positions"}));
   // Close rather than equal: CUDA's atomic adds (MoE) need not repeat bit for bit between runs.
