@@ -27,6 +27,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -43,6 +45,9 @@ ABSL_FLAG(std::string, config, "configs/bench.json", "config.json served with ra
 ABSL_FLAG(std::string, dtype, "", "parameter dtype; empty keeps the config's");
 ABSL_FLAG(std::string, layouts, "bench,small", "comma-separated layouts: bench | small");
 ABSL_FLAG(std::string, attention, "sparse,dense", "comma-separated attention modes to time");
+ABSL_FLAG(
+    std::string, small_rows, "1",
+    "comma-separated batch rows of the small layout (each a layouts entry small_xN beyond 1)");
 ABSL_FLAG(int, repeats, 10, "timed steps per layout and mode (after one untimed warm-up)");
 ABSL_FLAG(int, gemm_n, 0, "side of the bf16 GEMM; 0: 8192 on cuda, 1024 on cpu");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 keeps LibTorch's default");
@@ -134,12 +139,13 @@ Json TimeGraphs(VideoBackbone& model, const StepInputs& host_in, int repeats) {
           {"eager_over_graph", e / g}, {"graph_bytes", graphs.stats().cache.bytes}};
 }
 
-// Cold (first, builds the masks) and timed steps of `model` on `layout`, with their useful rate;
-// on CUDA also the graph's.
-Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, double gemm) {
+// Cold (first, builds the masks) and timed steps of `model` on `rows` rows of `layout`, with
+// their useful rate; on CUDA also the graph's.
+Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int64_t rows, int repeats,
+                double gemm) {
   const torch::Device d = model.options().device;
   const StepInputs host_in =
-      wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout), 1, /*seed=*/0);
+      wire::SyntheticInputs(model.config().step_dims(), GeometryOf(layout), rows, /*seed=*/0);
   absl::StatusOr<StepInputs> in = model.OnDevice(host_in);
   if (!in.ok()) return {{"error", in.status().ToString()}};
   Sync(d);
@@ -152,7 +158,7 @@ Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int repeats, d
   if (!ms.ok()) return {{"error", ms.status().ToString()}};
   WindowLayout counted = layout;
   counted.registers = model.config().num_registers;
-  const double flops = ComputeStepCost(model.config(), counted, /*decode=*/true, 1).flops;
+  const double flops = ComputeStepCost(model.config(), counted, /*decode=*/true, rows).flops;
   const double p50 = Percentile(*ms, 0.5), tflops = flops / (p50 / 1e3) / 1e12;
   Json j = {{"cold_ms", cold_ms},
             {"p50_ms", p50},
@@ -176,13 +182,26 @@ absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mo
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
   Json m = {{"dtype", DtypeName(loaded.model->dtype())}, {"memory_after_load", Memory(device)}};
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',');
+  std::vector<int64_t> small_rows;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_small_rows), ',')) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(r, &n) || n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--small_rows: expected positive row counts, got '", r, "'"));
+    }
+    small_rows.push_back(n);
+  }
   for (const std::string& name : names) {
     if (name != "bench" && name != "small") {
       return absl::InvalidArgumentError("--layouts: expected bench or small, got " + name);
     }
     const WindowLayout& layout = name == "bench" ? kBenchLayout : kSmallLayout;
-    m["layouts"][name] = TimeLayout(*loaded.model, layout, absl::GetFlag(FLAGS_repeats), gemm);
-    m["layouts"][name]["key"] = wire::LayoutKey(GeometryOf(layout), /*decode=*/true, {});
+    for (int64_t rows : name == "bench" ? std::vector<int64_t>{1} : small_rows) {
+      const std::string entry = rows == 1 ? name : absl::StrCat(name, "_x", rows);
+      m["layouts"][entry] =
+          TimeLayout(*loaded.model, layout, rows, absl::GetFlag(FLAGS_repeats), gemm);
+      m["layouts"][entry]["key"] = wire::LayoutKey(GeometryOf(layout), /*decode=*/true, {});
+    }
   }
   m["memory"] = Memory(device);
   return m;

@@ -2,7 +2,7 @@
 # The device check of issue 14, one command for a lent GPU machine (bare and offline: torch under
 # its python3, no Abseil, gRPC, ...): the GPU tests, the GPU benchmark on configs/bench.json and
 # configs/praxis-1-reduced.json, and praxis-server on cuda with the reduced Praxis-1 config driven
-# by praxis-load at 1 and 8 callers on the bench layout and a small one (20 s each; graphs of 1
+# by praxis-load at 1 and 8 callers on the bench layout and a small one (15 s each; graphs of 1
 # and 8 rows captured at warm-up, its graph metrics scraped after). Writes into OUTDIR three files: summary.json (also
 # printed), gpu_test.xml and logs.txt. At most about 7.5 minutes: every stage has its own timeout.
 #   scripts/gpu-check.sh OUTDIR          on the device (binaries from gpu-pack/, see gpu-pack.sh)
@@ -61,13 +61,13 @@ stage() {
 }
 
 if [[ $MODE == cuda ]]; then
-  DEVICE=cuda DUR=20s WARM=3s REPEATS=10 LAYOUTS=bench,small WARM_ROWS=1,8
+  DEVICE=cuda DUR=15s WARM=3s REPEATS=10 LAYOUTS=bench,small SMALL_ROWS=1,8 WARM_ROWS=1,8
   SERVED=("bench 256,30,40,4,2" "small 32,6,8,2,1")  # name and layout of each served load
   BENCHES=("bench configs/bench.json 30" "praxis-1-reduced configs/praxis-1-reduced.json 70")
   SERVED_CONFIG=configs/praxis-1-reduced.json
   LIMITS=(90 75 40)  # seconds: gpu_test, the server's start, each praxis-load run
 else
-  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small WARM_ROWS=1
+  DEVICE=cpu DUR=3s WARM=1s REPEATS=3 LAYOUTS=small SMALL_ROWS=1 WARM_ROWS=1
   SERVED=("small 16,4,4,2,1")
   BENCHES=("tiny configs/tiny.json 30" "bench configs/bench.json 30")
   SERVED_CONFIG=configs/tiny.json
@@ -85,7 +85,7 @@ for entry in "${BENCHES[@]}"; do
   for attention in sparse dense; do
     stage "bench_${name}_$attention" "$limit" "$GPU_BENCH" --device="$DEVICE" \
       --config="$ROOT/$config" --attention="$attention" --layouts="$LAYOUTS" \
-      --repeats="$REPEATS" "${extra[@]}"
+      --small_rows="$SMALL_ROWS" --repeats="$REPEATS" "${extra[@]}"
   done
 done
 
@@ -119,9 +119,11 @@ serve_and_load() {
           --json="$WORK/load_${name}_$n.json"
       done
     done
-    # The graph cache's counters after the load (the summary keeps praxis_cuda_graph_*).
+    # The server's metrics after the load (the summary keeps the graph cache's counters and the
+    # batches' rows, queue and compute sums; logs.txt all of them).
     python3 -c 'import sys,urllib.request as u;print(u.urlopen(sys.argv[1],timeout=10).read().decode())' \
       "http://127.0.0.1:$metrics_port/metrics" >"$WORK/metrics.txt" 2>>"$OUT/logs.txt"
+    { echo "== metrics"; grep -v '^#' "$WORK/metrics.txt"; } >>"$OUT/logs.txt"
   fi
   kill -TERM "$pid" 2>/dev/null
   timeout 60 tail --pid="$pid" -f /dev/null

@@ -94,7 +94,27 @@ def served(work, config):
                 layout[n]["error"] = j["error"]
         one, eight = layout["1"]["throughput_rps"], layout["8"]["throughput_rps"]
         layout["batching_8_over_1"] = eight / one if one and eight else None
+    # How full the batches were and where their time went: sums and counts over the whole served
+    # run, every layout together.
+    out["server_metrics"] = scraped(work, ("praxis_batch_rows_", "praxis_queue_seconds_sum",
+                                           "praxis_queue_seconds_count",
+                                           "praxis_compute_seconds_sum",
+                                           "praxis_compute_seconds_count"))
     return out
+
+
+def scraped(work, prefixes):
+    """The served server's metrics (scraped after the load) whose names start with `prefixes`."""
+    metrics = {}
+    try:
+        with open(os.path.join(work, "metrics.txt")) as f:
+            for line in f:
+                if line.startswith(prefixes):
+                    key, value = line.split()[:2]
+                    metrics[key] = float(value)
+    except OSError:
+        pass
+    return metrics
 
 
 def cuda_graphs(bench_out, work):
@@ -106,16 +126,7 @@ def cuda_graphs(bench_out, work):
         for layout, j in layouts.items():
             if isinstance(j, dict) and "cuda_graph" in j:
                 timings.setdefault(name, {})[layout] = j["cuda_graph"]
-    metrics = {}
-    try:
-        with open(os.path.join(work, "metrics.txt")) as f:
-            for line in f:
-                if line.startswith("praxis_cuda_graph_"):
-                    key, value = line.split()[:2]
-                    metrics[key] = float(value)
-    except OSError:
-        pass
-    return {"bench": timings, "served_metrics": metrics}
+    return {"bench": timings, "served_metrics": scraped(work, "praxis_cuda_graph_")}
 
 
 def versions(args):

@@ -36,6 +36,8 @@ def main(path):
         assert load["ok"] > 0 and load["errors"] == 0, (callers, load)
         assert 0 < load["p50_ms"] <= load["p99_ms"], (callers, load)
     assert small["batching_8_over_1"] > 0, small
+    metrics = s["served"]["server_metrics"]
+    assert metrics["praxis_batch_rows_count"] > 0 and metrics["praxis_batch_rows_sum"] > 0, metrics
     assert s["versions"]["torch_python"] is None or "2.11.0" in s["versions"]["torch_python"]
     print(f"{path}: every key present, {len(stages)} stages exited 0")
 
