@@ -99,7 +99,9 @@ def served(work, config):
     out["server_metrics"] = scraped(work, ("praxis_batch_rows_", "praxis_queue_seconds_sum",
                                            "praxis_queue_seconds_count",
                                            "praxis_compute_seconds_sum",
-                                           "praxis_compute_seconds_count"))
+                                           "praxis_compute_seconds_count",
+                                           "praxis_batch_phase_seconds_sum",
+                                           "praxis_batch_phase_seconds_count"))
     return out
 
 

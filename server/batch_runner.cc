@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/step_batch.h"
 #include "server/step_task.h"
 
@@ -15,9 +16,10 @@ namespace {
 // result into each task's own rows and outputs (server/step_batch.h TaskRows); every task gets
 // the model's error if the run fails. The torch boundary of the worker: stacking, the run and the
 // row slices may all throw, and an exception here would end the process with every step in
-// flight.
-std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(
-    model::StepRunner& model, const std::vector<StepTask*>& tasks) {
+// flight. Adds the stack, model and split times to `phases`.
+std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner& model,
+                                                               const std::vector<StepTask*>& tasks,
+                                                               BatchPhases& phases) {
   std::vector<const model::StepInputs*> inputs;
   std::vector<const model::OutputSelection*> plans;
   for (StepTask* task : tasks) {
@@ -27,8 +29,13 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(
   const model::OutputSelection every = model::WantedByAll(plans);
   std::vector<absl::StatusOr<model::BackboneOutput>> outputs;
   try {
-    absl::StatusOr<model::BackboneOutput> out =
-        model.Run(StackSteps(inputs), model::WantedByAny(plans));
+    absl::Time t = absl::Now();
+    const model::StepInputs stacked = StackSteps(inputs);
+    phases.stack = absl::Now() - t;
+    t = absl::Now();
+    absl::StatusOr<model::BackboneOutput> out = model.Run(stacked, model::WantedByAny(plans));
+    phases.model = absl::Now() - t;
+    t = absl::Now();
     int64_t row = 0;
     for (StepTask* task : tasks) {
       if (out.ok()) {
@@ -38,6 +45,7 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(
       }
       row += task->rows();
     }
+    phases.split = absl::Now() - t;
   } catch (const std::exception& e) {
     outputs.assign(tasks.size(),
                    absl::InternalError(absl::StrCat("running the batch: ", e.what())));
@@ -56,7 +64,8 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
     rows += t->rows();
   }
   const absl::Time start = absl::Now();
-  std::vector<absl::StatusOr<model::BackboneOutput>> outputs = RunAndSplit(model, tasks);
+  BatchPhases phases;
+  std::vector<absl::StatusOr<model::BackboneOutput>> outputs = RunAndSplit(model, tasks, phases);
   const absl::Duration compute = absl::Now() - start;
   metrics.ObserveBatch(rows, compute);
   for (size_t i = 0; i < tasks.size(); ++i) {
@@ -69,6 +78,8 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
     tasks[i]->Complete(
         StepResult{*std::move(outputs[i]), tasks[i]->layout_key(), queued, compute, rows});
   }
+  phases.answer = absl::Now() - start - compute;
+  metrics.ObserveBatchPhases(phases);
 }
 
 }  // namespace praxis::serve

@@ -131,6 +131,12 @@ ServerMetrics::ServerMetrics(const ModelLabels& model, std::function<LiveValues(
                       .Help("Rows of each batch run.")
                       .Register(*registry_)
                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
+      batch_phases_(prometheus::BuildHistogram()
+                        .Name("praxis_batch_phase_seconds")
+                        .Help("A batch's time on the batcher's worker, by phase: stack, model "
+                              "(on CUDA with staging and the outputs' copy to the host), split, "
+                              "answer.")
+                        .Register(*registry_)),
       computed_rows_(prometheus::BuildCounter()
                          .Name("praxis_computed_rows_total")
                          .Help("Rows run through the model.")
@@ -198,6 +204,14 @@ void ServerMetrics::ObserveBatch(int64_t rows, absl::Duration compute) {
   batch_rows_.Observe(static_cast<double>(rows));
   compute_.Observe(absl::ToDoubleSeconds(compute));
   computed_rows_.Increment(static_cast<double>(rows));
+}
+
+void ServerMetrics::ObserveBatchPhases(const BatchPhases& phases) {
+  for (const auto& [name, d] :
+       {std::pair{"stack", phases.stack}, std::pair{"model", phases.model},
+        std::pair{"split", phases.split}, std::pair{"answer", phases.answer}}) {
+    batch_phases_.Add({{"phase", name}}, SecondsBuckets()).Observe(absl::ToDoubleSeconds(d));
+  }
 }
 
 void ServerMetrics::AddReceivedBytes(int64_t n) { received_.Increment(static_cast<double>(n)); }

@@ -33,6 +33,11 @@ struct LiveValues {
   int64_t write_timeouts = 0;               // calls cancelled for a stalled reader
 };
 
+// Where one batch's time on the batcher's worker went (praxis_batch_phase_seconds).
+struct BatchPhases {
+  absl::Duration stack, model, split, answer;
+};
+
 // What praxis_model_info labels.
 struct ModelLabels {
   std::string model;  // checkpoint directory or "embedded:tiny"; labelled by its last component
@@ -60,6 +65,10 @@ class ServerMetrics {
   void ObserveQueue(absl::Duration d);
   // One batch run: its rows and model time.
   void ObserveBatch(int64_t rows, absl::Duration compute);
+  // One batch's time on the batcher's worker by phase: stacking the rows, the model (on CUDA with
+  // the inputs' staging and the wanted outputs' copy to the host), splitting the outputs per call,
+  // and answering (each call's first message built and queued).
+  void ObserveBatchPhases(const BatchPhases& phases);
   void AddReceivedBytes(int64_t n);
   void AddSentBytes(int64_t n);
   void SetServing(bool serving);
@@ -76,6 +85,7 @@ class ServerMetrics {
   prometheus::Histogram& queue_;
   prometheus::Histogram& compute_;
   prometheus::Histogram& batch_rows_;
+  prometheus::Family<prometheus::Histogram>& batch_phases_;
   prometheus::Counter& computed_rows_;
   prometheus::Counter& received_;
   prometheus::Counter& sent_;

@@ -336,6 +336,10 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_GE(Sample(m, "praxis_queue_seconds_count").value_or(0), 2);
   EXPECT_GE(Sample(m, "praxis_compute_seconds_count").value_or(0), 1);
   EXPECT_GE(Sample(m, "praxis_batch_rows_count").value_or(0), 1);
+  for (const char* phase : {"stack", "model", "split", "answer"}) {
+    EXPECT_GE(Sample(m, "praxis_batch_phase_seconds_count", {{"phase", phase}}).value_or(0), 1)
+        << phase;
+  }
   EXPECT_GE(Sample(m, "praxis_mask_cache_hits_total").value_or(0), 1);
   EXPECT_GE(Sample(m, "praxis_mask_cache_misses_total").value_or(0), 1);
   EXPECT_GE(Sample(m, "praxis_mask_cache_entries").value_or(0), 1);
