@@ -26,7 +26,9 @@ SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")
 # CRDs have no schema in kubernetes-validate: a strict local subset of each.
 CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json"}
 # Metrics the server exposes only on CUDA (server/metrics.cc), so a CPU server cannot show them.
-CUDA_ONLY_METRICS = {"praxis_device_memory_bytes"}
+CUDA_ONLY_METRICS = {"praxis_device_memory_bytes", "praxis_cuda_graph_hits_total",
+                     "praxis_cuda_graph_misses_total", "praxis_cuda_graph_evictions_total",
+                     "praxis_cuda_graph_over_budget_total"}
 # The layout header the clients set; deploy/affinity hashes on it.
 LAYOUT_HEADER = "x-praxis-layout"
 CLI = os.environ.get("PRAXIS_CLI_BIN", os.path.join(SRC, "build", "client", "praxis-cli"))
