@@ -57,7 +57,7 @@ absl::Status Info(const Client& c) {
   if (!info.ok()) return Remote(info.status());
   const v1::ModelInfo& i = *info;
   std::cout << "model: " << i.model() << "\ndtype: " << i.dtype() << "\ndevice: " << i.device()
-            << "\nmax_batch_rows: " << i.max_batch_rows()
+            << "\ncompute: " << i.compute() << "\nmax_batch_rows: " << i.max_batch_rows()
             << "\nmax_request_rows: " << i.max_request_rows()
             << "\nmax_text_len: " << i.max_text_len() << "\nmax_grid: " << i.max_grid_h() << " x "
             << i.max_grid_w() << "\nmax_frames: " << i.max_frames()

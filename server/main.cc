@@ -1,6 +1,7 @@
 // praxis-server: serves the Praxis video backbone over gRPC (SPEC §7). Flags below; any of them
 // can also come from a file with --flagfile=PATH (one --flag=value per line).
 
+#include <ATen/cuda/CUDAContext.h>
 #include <pthread.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -209,9 +210,11 @@ absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
   return steps;
 }
 
-// The model of --checkpoint / --config on --device, with the backbone options it was loaded with;
-// on CPU, says what the CPU implies for its dtype (a WARNING when bf16/fp16 would be emulated).
-absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbone) {
+// The model of --checkpoint / --config on --device, with the backbone options it was loaded with,
+// and in *compute what the hardware implies for its dtype, also printed: on CPU the CPU's units
+// and where matmuls run (a WARNING when bf16/fp16 would be emulated), on CUDA the device.
+absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbone,
+                                                 std::string* compute) {
   PRAXIS_ASSIGN_OR_RETURN(backbone->device,
                           model::ParseDevice(absl::GetFlag(FLAGS_device), "--device"));
   PRAXIS_ASSIGN_OR_RETURN(backbone->attention,
@@ -224,15 +227,19 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
                                   .dtype = absl::GetFlag(FLAGS_dtype),
                                   .load = absl::GetFlag(FLAGS_load)};
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadModel(source, *backbone));
-  if (!backbone->device.is_cuda()) {
+  bool slow = false;
+  if (backbone->device.is_cuda()) {
+    const int index = backbone->device.has_index() ? backbone->device.index() : 0;
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
+    *compute = absl::StrCat("CUDA device ", index, ": ", p->name, ", ", p->totalGlobalMem >> 20,
+                            " MiB, compute capability ", p->major, ".", p->minor);
+  } else {
     const torch::ScalarType dtype = loaded.model->dtype();
-    bool slow = false;
-    const std::string cpu =
-        model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
-                                   model::ReducedGemmInFloat32(dtype), &slow);
-    (slow ? std::cerr : std::cout)
-        << "praxis-server: " << (slow ? "WARNING: " : "") << cpu << std::endl;
+    *compute = model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
+                                          model::ReducedGemmInFloat32(dtype), &slow);
   }
+  (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << *compute
+                                 << std::endl;
   return loaded;
 }
 
@@ -293,7 +300,8 @@ absl::Status Run() {
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   model::BackboneOptions backbone;
-  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone));
+  std::string compute;
+  PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone, &compute));
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   auto runner = std::make_unique<model::BackboneStepRunner>(
@@ -306,6 +314,7 @@ absl::Status Run() {
       loaded.name, runner->device(), runner->dtype(),
       absl::StrCat("dim ", c.dim, ", encoder ", c.encoder.depth, ", decoder ", c.decoder.depth)};
   options.config_json = loaded.config_json;
+  options.compute = std::move(compute);
   PRAXIS_ASSIGN_OR_RETURN(auto server, PraxisServer::Create(options, std::move(runner)));
   PRAXIS_RETURN_IF_ERROR(server->Warmup(warmup));
   PrintServing(*server, options);

@@ -141,6 +141,7 @@ v1::ModelInfo PraxisServer::Info() const {
   info.set_dtype(runner_->dtype());
   info.set_device(runner_->device());
   info.set_model(options_.model.model);
+  info.set_compute(options_.compute);
   const StepLimits& l = options_.service.limits;
   info.set_max_batch_rows(options_.batch.max_batch_rows);
   info.set_max_request_rows(l.max_rows);

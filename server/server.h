@@ -39,6 +39,7 @@ struct ServerOptions {
   int workers = 1;  // batcher workers (one per device)
   ModelLabels model;
   std::string config_json;  // the model's config.json, returned by GetModelInfo
+  std::string compute;      // what the hardware implies for the dtype, returned by GetModelInfo
 };
 
 // A warm-up step: a layout and its batch rows (--warmup, --warmup_rows).

@@ -29,6 +29,10 @@ def test_cli_health_and_info(server):
     r = run(CLI, "info", f"--address={server.address}")
     assert r.returncode == 0, r
     assert "dtype: float32" in r.stdout and "tap.1" in r.stdout
+    # What the server's CPU implies for float32, as its start-up line says it.
+    compute = next(line for line in r.stdout.splitlines() if line.startswith("compute: "))
+    compute = compute[len("compute: "):]
+    assert "float32" in compute and compute in server.log(), (compute, server.log())
 
 
 def test_cli_step_equals_in_process_forward(server, tmp_path):

@@ -91,7 +91,7 @@ def _info(client: Client, args) -> None:
         from google.protobuf import json_format
         print(json_format.MessageToJson(i, preserving_proto_field_name=True))
         return
-    print(f"model: {i.model}\ndtype: {i.dtype}\ndevice: {i.device}\n"
+    print(f"model: {i.model}\ndtype: {i.dtype}\ndevice: {i.device}\ncompute: {i.compute}\n"
           f"max_batch_rows: {i.max_batch_rows}\nmax_request_rows: {i.max_request_rows}\n"
           f"max_text_len: {i.max_text_len}\nmax_grid: {i.max_grid_h} x {i.max_grid_w}\n"
           f"max_frames: {i.max_frames}\nmax_tokens: {i.max_tokens}\n"
