@@ -58,7 +58,7 @@ ABSL_FLAG(std::string, dtype, "", "float32 | bfloat16 | float16; empty keeps the
 ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
 ABSL_FLAG(int32_t, threads, 0,
           "LibTorch intra-op threads of the thread that runs the model (every other thread uses "
-          "one); 0: LibTorch's default, the number of cores");
+          "one); 0: the number of cores on cpu, 1 on cuda (its host work is copies)");
 ABSL_FLAG(int64_t, mask_cache_entries, 64,
           "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
@@ -289,8 +289,7 @@ absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   // LibTorch's default count (the cores), taken before every thread is set to one: only the
   // batcher's worker runs the model with more (model/cpu_runtime.h).
-  const int threads =
-      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : at::get_num_threads();
+  const int cores = at::get_num_threads();
   model::DefaultToOneIntraOpThread();
   model::KeepFreedMemoryForReuse();
   if (absl::GetFlag(FLAGS_max_float32_weight_bytes) < 0) {
@@ -302,6 +301,12 @@ absl::Status Run() {
   model::BackboneOptions backbone;
   std::string compute;
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone, &compute));
+  // On CUDA the worker's own work is copies and small host ops: a team of one thread per core,
+  // spinning between them, would only take the cores gRPC's threads answer on (on a CPU a
+  // spinning team tripled an answer's time, docs/benchmarks.md stop 27).
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                      : backbone.device.is_cuda()      ? 1
+                                                       : cores;
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   auto runner = std::make_unique<model::BackboneStepRunner>(
