@@ -58,9 +58,9 @@ struct GraphStats {
 // cudaStreamCaptureModeGlobal, where any host synchronisation fails the capture: a capture that
 // succeeds is the proof that the forward never waits on the device. A capture that fails is
 // logged once (stderr) and its layout falls back to the eager forward (one that ran out of device
-// memory too: it is tried again only once the cache has evicted its entry). A graph that
-// alone holds more than `max_bytes` is dropped after its capture and its (layout, rows) cached as
-// eager, so that one huge step cannot evict every other graph at each of its batches.
+// memory too, rather than trying again at every batch). A graph that alone holds more than
+// `max_bytes` is dropped after its capture and its (layout, rows) cached as eager, so that one
+// huge step cannot evict every other graph at each of its batches.
 // Not thread-safe: one batcher worker runs it (the replayed buffers are shared); stats() may be
 // called from any thread. The model, on a CUDA device, must outlive it.
 class StepGraphs {
