@@ -8,6 +8,11 @@
 #   scripts/gpu-check.sh OUTDIR          on the device (binaries from gpu-pack/, see gpu-pack.sh)
 #   scripts/gpu-check.sh OUTDIR --cpu    the same stages on this CPU machine, device cpu, the tiny
 #                                        and bench configs, runs of seconds (CTest gpu_check_cpu)
+# PRAXIS_SERVER_FLAGS (space-separated) go to the served praxis-server after the script's own, and
+# PRAXIS_CHECK_SERVED_ONLY=1 skips the tests and benchmarks (~1.5 of the ~4 minutes remain), so
+# that one device call can compare a server setting, e.g.:
+#   bash scripts/gpu-check.sh $OUT/a; PRAXIS_CHECK_SERVED_ONLY=1 \
+#     PRAXIS_SERVER_FLAGS=--threads=16 bash scripts/gpu-check.sh $OUT/b
 # Binaries come from PRAXIS_PACK_DIR (default gpu-pack/; empty: none) first, then PRAXIS_BUILD_DIR
 # (default build/). Libraries: the pack's lib/, then the torch of `python3` (its lib/ and the CUDA
 # libraries of its nvidia/ packages), for our binaries only. Exit status 1 if any stage failed;
@@ -74,8 +79,10 @@ else
   LIMITS=(60 60 30)
 fi
 
-stage gpu_test "${LIMITS[0]}" env PRAXIS_SERVER_BIN="$SERVER" "$GPU_TEST" \
-  --gtest_output="xml:$OUT/gpu_test.xml"
+[[ -n "${PRAXIS_CHECK_SERVED_ONLY:-}" ]] && BENCHES=()
+[[ -z "${PRAXIS_CHECK_SERVED_ONLY:-}" ]] &&
+  stage gpu_test "${LIMITS[0]}" env PRAXIS_SERVER_BIN="$SERVER" "$GPU_TEST" \
+    --gtest_output="xml:$OUT/gpu_test.xml"
 # Each attention mode a stage of its own (with its limit in seconds): a dense step that runs out
 # of time or memory leaves the sparse figures standing.
 for entry in "${BENCHES[@]}"; do
@@ -98,7 +105,7 @@ serve_and_load() {
   env LD_LIBRARY_PATH="$RUN_LIBS" "$SERVER" --device="$DEVICE" --config="$ROOT/$SERVED_CONFIG" \
     --host=127.0.0.1 --port=0 --metrics_host=127.0.0.1 --metrics_port=0 \
     --port_file="$port_file" --warmup="$warmup" --warmup_rows="$WARM_ROWS" --max_request_cost=1e7 \
-    >"$WORK/server.log" 2>&1 &
+    ${PRAXIS_SERVER_FLAGS:-} >"$WORK/server.log" 2>&1 &
   local pid=$!
   while [[ ! -s "$port_file" ]] && kill -0 "$pid" 2>/dev/null && ((waited < LIMITS[1] * 10)); do
     sleep 0.1

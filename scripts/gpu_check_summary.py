@@ -76,7 +76,8 @@ def bench(work):
 def served(work, config):
     """Per served layout (served_layouts.txt: name and layout per line), praxis-load's figures at
     1 and 8 callers, and the 8-caller throughput over the 1-caller one."""
-    out = {"config": config, "layouts": {}}
+    out = {"config": config, "server_flags": os.environ.get("PRAXIS_SERVER_FLAGS", ""),
+           "layouts": {}}
     try:
         with open(os.path.join(work, "served_layouts.txt")) as f:
             entries = [line.split() for line in f if line.strip()]
