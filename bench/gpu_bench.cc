@@ -27,11 +27,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flag_lists.h"
 #include "common/status_macros.h"
 #include "model/model_loader.h"
 #include "model/step_cost.h"
@@ -170,8 +170,10 @@ Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int64_t rows, 
   return j;
 }
 
-// Loads the model with `mode` attention and times every --layouts entry on it.
-absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mode, double gemm) {
+// Loads the model with `mode` attention and times every --layouts entry on it (the small layout
+// at each of `small_rows`).
+absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mode,
+                              const std::vector<int64_t>& small_rows, double gemm) {
   BackboneOptions options;
   options.device = device;
   PRAXIS_ASSIGN_OR_RETURN(options.attention, ParseAttention(mode, "--attention"));
@@ -182,15 +184,6 @@ absl::StatusOr<Json> TimeMode(const torch::Device& device, const std::string& mo
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
   Json m = {{"dtype", DtypeName(loaded.model->dtype())}, {"memory_after_load", Memory(device)}};
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',');
-  std::vector<int64_t> small_rows;
-  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_small_rows), ',')) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(r, &n) || n < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--small_rows: expected positive row counts, got '", r, "'"));
-    }
-    small_rows.push_back(n);
-  }
   for (const std::string& name : names) {
     if (name != "bench" && name != "small") {
       return absl::InvalidArgumentError("--layouts: expected bench or small, got " + name);
@@ -213,6 +206,8 @@ absl::StatusOr<Json> Run() {
   if (device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("--device=cuda but LibTorch sees no CUDA device");
   }
+  PRAXIS_ASSIGN_OR_RETURN(const std::vector<int64_t> small_rows,
+                          ParsePositiveInts(absl::GetFlag(FLAGS_small_rows), "--small_rows"));
   int64_t n = absl::GetFlag(FLAGS_gemm_n);
   if (n <= 0) n = device.is_cuda() ? 8192 : 1024;
   const double gemm = GemmTflops(device, n);
@@ -224,7 +219,7 @@ absl::StatusOr<Json> Run() {
       {"gemm_bf16", {{"n", n}, {"tflops", gemm}}}};
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_attention), ',');
   for (const std::string& mode : modes) {
-    PRAXIS_ASSIGN_OR_RETURN(j["attention"][mode], TimeMode(device, mode, gemm));
+    PRAXIS_ASSIGN_OR_RETURN(j["attention"][mode], TimeMode(device, mode, small_rows, gemm));
   }
   return j;
 }

@@ -19,11 +19,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
+#include "common/flag_lists.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
 #include "model/cpu_kernels.h"
@@ -193,15 +193,8 @@ absl::Status WritePortFile(const std::string& path, int port, int metrics_port) 
 
 // The warm-up steps of --warmup x --warmup_rows; InvalidArgument naming the flag otherwise.
 absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
-  std::vector<int64_t> rows;
-  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_warmup_rows), ',')) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(r, &n) || n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--warmup_rows: expected positive integers separated by ',', got '", r, "'"));
-    }
-    rows.push_back(n);
-  }
+  PRAXIS_ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
+                          ParsePositiveInts(absl::GetFlag(FLAGS_warmup_rows), "--warmup_rows"));
   std::vector<WarmupStep> steps;
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_warmup), ';')) {
     PRAXIS_ASSIGN_OR_RETURN(const wire::StepGeometry layout, wire::ParseLayout(text, "--warmup"));
