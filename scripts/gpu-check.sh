@@ -3,8 +3,9 @@
 # its python3, no Abseil, gRPC, ...): the GPU tests, the GPU benchmark on configs/bench.json and
 # configs/praxis-1-reduced.json, and praxis-server on cuda with the reduced Praxis-1 config driven
 # by praxis-load at 1 and 8 callers on the bench layout and a small one (15 s each; graphs of 1
-# and 8 rows captured at warm-up, its graph metrics scraped after). Writes into OUTDIR three files: summary.json (also
-# printed), gpu_test.xml and logs.txt. At most about 7.5 minutes: every stage has its own timeout.
+# and 8 rows captured at warm-up, its metrics scraped after). Writes into OUTDIR three files:
+# summary.json (also printed), gpu_test.xml and logs.txt. At most about 7.5 minutes: every stage
+# has its own timeout.
 #   scripts/gpu-check.sh OUTDIR          on the device (binaries from gpu-pack/, see gpu-pack.sh)
 #   scripts/gpu-check.sh OUTDIR --cpu    the same stages on this CPU machine, device cpu, the tiny
 #                                        and bench configs, runs of seconds (CTest gpu_check_cpu)
@@ -79,10 +80,12 @@ else
   LIMITS=(60 60 30)
 fi
 
-[[ -n "${PRAXIS_CHECK_SERVED_ONLY:-}" ]] && BENCHES=()
-[[ -z "${PRAXIS_CHECK_SERVED_ONLY:-}" ]] &&
+if [[ -n "${PRAXIS_CHECK_SERVED_ONLY:-}" ]]; then
+  BENCHES=()
+else
   stage gpu_test "${LIMITS[0]}" env PRAXIS_SERVER_BIN="$SERVER" "$GPU_TEST" \
     --gtest_output="xml:$OUT/gpu_test.xml"
+fi
 # Each attention mode a stage of its own (with its limit in seconds): a dense step that runs out
 # of time or memory leaves the sparse figures standing.
 for entry in "${BENCHES[@]}"; do

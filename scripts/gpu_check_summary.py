@@ -2,8 +2,9 @@
 
 Keys: mode, gpu (nvidia-smi's name, driver, memory; null on cpu), versions, stages (exit status of
 each), parity (gpu_test's cases from its XML), bench (gpu_bench's JSON per config), served (the
-served config and, per served layout, praxis-load's p50/p99 per caller count), cuda_graphs (gpu_bench's capture and
-eager-vs-graph p50 per config and layout, and the served server's praxis_cuda_graph_* metrics
+served config, PRAXIS_SERVER_FLAGS, per served layout praxis-load's figures at 1 and 8 callers,
+and the server's batch metrics), cuda_graphs (gpu_bench's capture and eager-vs-graph p50 per
+config and layout, and the served server's praxis_cuda_graph_* metrics
 after the load; both empty on cpu, where steps run eagerly), elapsed_s. Prints it and
 exits 1 when a stage failed or a test failed. Standard library only: the device's python3 has it.
 """
