@@ -2,7 +2,8 @@
 """Served throughput under closed-loop load: praxis-server and praxis-load on loopback.
 
     serve_load.py [--build build] [--configs tiny,bench] [--layouts small,medium] [--callers 1,8]
-        [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--json out.json]
+        [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--server_flags='...']
+        [--json out.json]
 
 For each (config, batching) one server process (the embedded tiny model, or configs/bench.json
 with deterministic random weights; batching off is --max_batch_size=1); for each (layout, callers)
@@ -42,15 +43,17 @@ def config_path(config: str) -> str:
     return "" if config == "tiny" else os.path.join(ROOT, "configs", config + ".json")
 
 
-def start_server(build: str, config: str, batch: int, threads: int, dtype: str = "") -> Server:
+def start_server(build: str, config: str, batch: int, threads: int, dtype: str = "",
+                 extra: tuple[str, ...] = ()) -> Server:
     """The build's praxis-server on loopback port 0 serving `config` (tiny: the embedded model) in
-    `dtype` (empty: the config's), batching up to `batch` rows with `threads` intra-op threads;
-    exits the program if it does not come up within 60 s."""
+    `dtype` (empty: the config's), batching up to `batch` rows with `threads` intra-op threads, and
+    `extra` flags after those; exits the program if it does not come up within 60 s."""
     flags = [f"--max_batch_size={batch}", f"--threads={threads}"]
     if config_path(config):
         flags.append(f"--config={config_path(config)}")
     if dtype:
         flags.append(f"--dtype={dtype}")
+    flags.extend(extra)
     try:
         return Server(*flags, binary=os.path.join(build, "server", "praxis-server"), timeout=60)
     except RuntimeError as e:
@@ -90,6 +93,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--threads", type=int, default=0, help="server --threads (0: the cores)")
+    p.add_argument("--server_flags", default="",
+                   help="more praxis-server flags, space-separated, given with '=' (e.g. "
+                        "--server_flags=--answer_pipeline=false)")
     p.add_argument("--json", default="")
     a = p.parse_args()
     cpu = cpu_description()
@@ -101,7 +107,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs.split(","):
             for batching in a.batching.split(","):
-                server = start_server(a.build, config, 8 if batching == "on" else 1, a.threads)
+                server = start_server(a.build, config, 8 if batching == "on" else 1, a.threads,
+                                      extra=tuple(a.server_flags.split()))
                 try:
                     for layout in a.layouts.split(","):
                         for callers in (int(c) for c in a.callers.split(",")):
@@ -121,7 +128,8 @@ def main() -> int:
                     server.stop()
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"cpu": cpu, "threads": a.threads, "cells": cells}, f, indent=1)
+            json.dump({"cpu": cpu, "threads": a.threads, "server_flags": a.server_flags,
+                       "cells": cells}, f, indent=1)
     return 0
 
 

@@ -103,7 +103,8 @@ def served(work, config):
                                            "praxis_compute_seconds_sum",
                                            "praxis_compute_seconds_count",
                                            "praxis_batch_phase_seconds_sum",
-                                           "praxis_batch_phase_seconds_count"))
+                                           "praxis_batch_phase_seconds_count",
+                                           "praxis_pipelined_answers_total"))
     return out
 
 

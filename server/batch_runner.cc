@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/answer_pipeline.h"
 #include "server/step_batch.h"
 #include "server/step_task.h"
 
@@ -56,7 +57,7 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner
 }  // namespace
 
 void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                  std::vector<std::unique_ptr<batching::Task>> batch) {
+                  std::vector<std::unique_ptr<batching::Task>> batch, AnswerPipeline* answers) {
   std::vector<StepTask*> tasks;
   int64_t rows = 0;
   for (const auto& t : batch) {
@@ -68,18 +69,27 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
   std::vector<absl::StatusOr<model::BackboneOutput>> outputs = RunAndSplit(model, tasks, phases);
   const absl::Duration compute = absl::Now() - start;
   metrics.ObserveBatch(rows, compute);
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const absl::Duration queued = start - tasks[i]->accepted();
-    metrics.ObserveQueue(queued);
-    if (!outputs[i].ok()) {
-      tasks[i]->Complete(outputs[i].status());
-      continue;
+  AnswerPipeline::Answer answer = [&metrics, batch = std::move(batch), tasks, rows, start, compute,
+                                   phases, outputs = std::move(outputs)]() mutable {
+    const absl::Time begin = absl::Now();
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const absl::Duration queued = start - tasks[i]->accepted();
+      metrics.ObserveQueue(queued);
+      if (!outputs[i].ok()) {
+        tasks[i]->Complete(outputs[i].status());
+        continue;
+      }
+      tasks[i]->Complete(
+          StepResult{*std::move(outputs[i]), tasks[i]->layout_key(), queued, compute, rows});
     }
-    tasks[i]->Complete(
-        StepResult{*std::move(outputs[i]), tasks[i]->layout_key(), queued, compute, rows});
+    phases.answer = absl::Now() - begin;
+    metrics.ObserveBatchPhases(phases);
+  };
+  if (answers != nullptr && answers->Offer(answer)) {
+    metrics.CountPipelinedAnswers();
+    return;
   }
-  phases.answer = absl::Now() - start - compute;
-  metrics.ObserveBatchPhases(phases);
+  std::move(answer)();
 }
 
 }  // namespace praxis::serve

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/step_runner.h"
+#include "server/answer_pipeline.h"
 #include "server/batching/task.h"
 #include "server/metrics.h"
 
@@ -12,8 +13,10 @@ namespace praxis::serve {
 // The batcher's Runner: stacks the rows of a batch of StepTasks (one layout key), runs the model
 // once for the outputs any of them asked for, and answers each task with exactly its own rows of
 // the outputs it asked for. If the run fails, every task gets the model's error. Runs on a batcher
-// worker; the tasks must all be StepTasks.
+// worker; the tasks must all be StepTasks. The answers are offered to `answers` (when not null),
+// which may run them on its own thread while the worker goes on; otherwise they run here.
 void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                  std::vector<std::unique_ptr<batching::Task>> batch);
+                  std::vector<std::unique_ptr<batching::Task>> batch,
+                  AnswerPipeline* answers = nullptr);
 
 }  // namespace praxis::serve

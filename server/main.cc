@@ -68,6 +68,11 @@ ABSL_FLAG(absl::Duration, max_queue_delay, absl::ZeroDuration(),
           "... or this long after its oldest request arrived. 0: a batch starts as soon as the "
           "worker is free, and requests that arrive while it computes form the next one (measured "
           "best at 1 and 8 callers; waiting only pays for sparse open-loop traffic)");
+ABSL_FLAG(std::string, answer_pipeline, "auto",
+          "auto | on | off: answer a batch on a thread of its own while the worker starts the next "
+          "one (only when another waits). auto: on where the model's --threads leave a core free "
+          "(cuda's default), off where they take every core (measured slower on a 2-core CPU: the "
+          "answering thread takes the model's cores)");
 ABSL_FLAG(int64_t, max_float32_weight_bytes, int64_t{1} << 30,
           "bytes of float32 copies of 16-bit matmul weights the CPU may keep where LibTorch's "
           "16-bit GEMM is the slower one (the start-up line says); weights beyond run on it");
@@ -203,6 +208,15 @@ absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
   return steps;
 }
 
+// --answer_pipeline: on, off, or (auto) on where the model's threads leave a core free.
+absl::StatusOr<bool> AnswerPipelineFromFlag(bool spare_core) {
+  const std::string v = absl::GetFlag(FLAGS_answer_pipeline);
+  if (v == "auto") return spare_core;
+  if (v == "on" || v == "off") return v == "on";
+  return absl::InvalidArgumentError(
+      absl::StrCat("--answer_pipeline: expected auto, on or off, got \"", v, "\""));
+}
+
 // The model of --checkpoint / --config on --device, with the backbone options it was loaded with,
 // and in *compute what the hardware implies for its dtype, also printed: on CPU the CPU's units
 // and where matmuls run (a WARNING when bf16/fp16 would be emulated), on CUDA the device.
@@ -247,7 +261,8 @@ void PrintServing(const PraxisServer& server, const ServerOptions& options) {
             << options.batch.max_queue_requests << " rows " << l.max_rows << " text "
             << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
             << " tokens " << l.max_tokens << " cost " << l.max_request_gflop << " GFLOP message "
-            << options.max_message_bytes << " response " << l.max_response_bytes << std::endl;
+            << options.max_message_bytes << " response " << l.max_response_bytes
+            << " answer_pipeline " << (options.answer_pipeline ? "on" : "off") << std::endl;
 }
 
 // Waits for SIGTERM or SIGINT, drains within --drain_seconds and exits 0 without tearing down.
@@ -302,6 +317,7 @@ absl::Status Run() {
                                                        : cores;
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
+  PRAXIS_ASSIGN_OR_RETURN(options.answer_pipeline, AnswerPipelineFromFlag(threads < cores));
   auto runner = std::make_unique<model::BackboneStepRunner>(
       std::move(loaded.model),
       model::RunnerOptions{.intra_op_threads = threads,

@@ -133,10 +133,16 @@ ServerMetrics::ServerMetrics(const ModelLabels& model, std::function<LiveValues(
                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64})),
       batch_phases_(prometheus::BuildHistogram()
                         .Name("praxis_batch_phase_seconds")
-                        .Help("A batch's time on the batcher's worker, by phase: stack, model "
-                              "(on CUDA with staging and the outputs' copy to the host), split, "
-                              "answer.")
+                        .Help("A batch's time by phase: stack, model (on CUDA with staging and "
+                              "the outputs' copy to the host), split, on the batcher's worker; "
+                              "answer, there or on the answer pipeline's thread.")
                         .Register(*registry_)),
+      pipelined_(prometheus::BuildCounter()
+                     .Name("praxis_pipelined_answers_total")
+                     .Help("Batches answered on the answer pipeline's thread while the worker "
+                           "went on to the next batch.")
+                     .Register(*registry_)
+                     .Add({})),
       computed_rows_(prometheus::BuildCounter()
                          .Name("praxis_computed_rows_total")
                          .Help("Rows run through the model.")
@@ -213,6 +219,8 @@ void ServerMetrics::ObserveBatchPhases(const BatchPhases& phases) {
     batch_phases_.Add({{"phase", name}}, SecondsBuckets()).Observe(absl::ToDoubleSeconds(d));
   }
 }
+
+void ServerMetrics::CountPipelinedAnswers() { pipelined_.Increment(); }
 
 void ServerMetrics::AddReceivedBytes(int64_t n) { received_.Increment(static_cast<double>(n)); }
 void ServerMetrics::AddSentBytes(int64_t n) { sent_.Increment(static_cast<double>(n)); }

@@ -33,7 +33,8 @@ struct LiveValues {
   int64_t write_timeouts = 0;               // calls cancelled for a stalled reader
 };
 
-// Where one batch's time on the batcher's worker went (praxis_batch_phase_seconds).
+// Where one batch's time went (praxis_batch_phase_seconds): on the batcher's worker, and for the
+// answer there or on the answer pipeline's thread.
 struct BatchPhases {
   absl::Duration stack, model, split, answer;
 };
@@ -65,10 +66,12 @@ class ServerMetrics {
   void ObserveQueue(absl::Duration d);
   // One batch run: its rows and model time.
   void ObserveBatch(int64_t rows, absl::Duration compute);
-  // One batch's time on the batcher's worker by phase: stacking the rows, the model (on CUDA with
-  // the inputs' staging and the wanted outputs' copy to the host), splitting the outputs per call,
-  // and answering (each call's first message built and queued).
+  // One batch's time by phase: stacking the rows, the model (on CUDA with the inputs' staging and
+  // the wanted outputs' copy to the host), splitting the outputs per call, and answering (each
+  // call's first message built and queued, on the worker or the answer pipeline's thread).
   void ObserveBatchPhases(const BatchPhases& phases);
+  // One batch whose answers the answer pipeline took (server/answer_pipeline.h).
+  void CountPipelinedAnswers();
   void AddReceivedBytes(int64_t n);
   void AddSentBytes(int64_t n);
   void SetServing(bool serving);
@@ -86,6 +89,7 @@ class ServerMetrics {
   prometheus::Histogram& compute_;
   prometheus::Histogram& batch_rows_;
   prometheus::Family<prometheus::Histogram>& batch_phases_;
+  prometheus::Counter& pipelined_;
   prometheus::Counter& computed_rows_;
   prometheus::Counter& received_;
   prometheus::Counter& sent_;

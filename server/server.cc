@@ -91,10 +91,15 @@ absl::Status PraxisServer::Start() {
                       s.pending_response_bytes,
                       s.write_timeouts};
   });
+  if (options_.answer_pipeline) {
+    // Worth a hand-off only when the worker has another batch to start.
+    answers_ =
+        std::make_unique<AnswerPipeline>([this] { return batcher_->stats().queued_requests > 0; });
+  }
   batcher_ = std::make_unique<batching::Batcher>(
       options_.batch,
       [this](std::vector<std::unique_ptr<batching::Task>> batch) {
-        RunStepBatch(*runner_, *metrics_, std::move(batch));
+        RunStepBatch(*runner_, *metrics_, std::move(batch), answers_.get());
       },
       options_.workers);
   ServiceOptions service = options_.service;
@@ -203,6 +208,7 @@ bool PraxisServer::Drain(absl::Duration grace) {
   health_->Shutdown();  // NOT_SERVING, and it stays so; Watch streams end
   service_->StartDrain();
   const bool batches_done = batcher_->Drain(end - cancel - writes - absl::Now());
+  if (answers_) answers_->Flush();  // the batches' answers the pipeline took
   service_->WaitForAnswers(end - cancel);
   server_->Shutdown(absl::ToChronoTime(end));
   server_->Wait();

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "model/step_runner.h"
+#include "server/answer_pipeline.h"
 #include "server/auth.h"
 #include "server/batching/batch_policy.h"
 #include "server/batching/batcher.h"
@@ -37,6 +38,8 @@ struct ServerOptions {
   batching::BatchOptions batch;
   ServiceOptions service;
   int workers = 1;  // batcher workers (one per device)
+  // Answer a batch on a thread of its own while the worker starts the next (AnswerPipeline).
+  bool answer_pipeline = true;
   ModelLabels model;
   std::string config_json;  // the model's config.json, returned by GetModelInfo
   std::string compute;      // what the hardware implies for the dtype, returned by GetModelInfo
@@ -93,6 +96,7 @@ class PraxisServer {
   const ServerOptions options_;
   std::unique_ptr<model::StepRunner> runner_;
   std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<AnswerPipeline> answers_;  // null without answer_pipeline; outlives batcher_
   std::unique_ptr<batching::Batcher> batcher_;
   std::unique_ptr<PraxisService> service_;
   std::shared_ptr<const TokenAuthenticator> auth_;  // null: no authentication

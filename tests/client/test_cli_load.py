@@ -118,3 +118,15 @@ def test_load_shows_induced_errors(tmp_path):
         assert j["codes"].get("DEADLINE_EXCEEDED", 0) > 0, j["codes"]
     finally:
         s.stop()
+
+
+def test_server_answer_pipeline_flag():
+    """--answer_pipeline: a bad value is refused naming the flag; the start-up line says which."""
+    from server_process import SERVER
+    r = run(SERVER, "--port=0", "--metrics_port=-1", "--answer_pipeline=maybe")
+    assert r.returncode != 0 and "--answer_pipeline: expected auto, on or off" in r.stderr, r
+    s = Server("--answer_pipeline=on")
+    try:
+        assert "answer_pipeline on" in s.log(), s.log()
+    finally:
+        s.stop()

@@ -38,6 +38,7 @@ def main(path):
     assert small["batching_8_over_1"] > 0, small
     metrics = s["served"]["server_metrics"]
     assert metrics["praxis_batch_rows_count"] > 0 and metrics["praxis_batch_rows_sum"] > 0, metrics
+    assert "praxis_pipelined_answers_total" in metrics, metrics
     assert s["versions"]["torch_python"] is None or "2.11.0" in s["versions"]["torch_python"]
     print(f"{path}: every key present, {len(stages)} stages exited 0")
 

@@ -195,6 +195,10 @@ TEST_F(ServerTest, ConcurrentCallersEachGetTheirOwnRows) {
       fixtures::Sample(before, "praxis_batch_rows_bucket", {{"le", "1"}}).value_or(0);
   EXPECT_LT(solo, batches) << "the batch-size histogram shows no batch > 1";
   EXPECT_LT(batches, kCallers);
+  // The held batch finished with the others queued: its answers went to the answer pipeline.
+  EXPECT_GE(*fixtures::Sample(after, "praxis_pipelined_answers_total") -
+                fixtures::Sample(before, "praxis_pipelined_answers_total").value_or(0),
+            1);
 }
 
 TEST_F(ServerTest, FullQueueIsRefusedAtOnceWithResourceExhausted) {
@@ -347,6 +351,7 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_EQ(Sample(m, "praxis_pending_response_bytes").value_or(-1), 0) << "nothing unread";
   EXPECT_EQ(Sample(m, "praxis_write_timeouts_total").value_or(-1), 0);
   EXPECT_TRUE(Sample(m, "praxis_mask_cache_evictions_total").has_value());
+  EXPECT_TRUE(Sample(m, "praxis_pipelined_answers_total").has_value());
   EXPECT_EQ(Sample(m, "praxis_queue_depth"), 0);
   EXPECT_TRUE(Sample(m, "praxis_queue_bytes").has_value());
   EXPECT_EQ(Sample(m, "praxis_model_info", {{"model", "embedded:tiny"}, {"dtype", "float32"}}), 1);
