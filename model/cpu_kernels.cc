@@ -224,11 +224,11 @@ inline float VecExp(float x, float lo, float hi) {
 // VecExp's clamp bounds, read once per row (see VecExp).
 volatile float exp_clamp_lo = expf_cephes::kLo, exp_clamp_hi = expf_cephes::kHi;
 
-// a[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN.
-PRAXIS_ISA_CLONES void SiluMulRow(float* a, const float* b, int64_t n) {
+// y[i] = silu(a[i]) · b[i] = a[i] / (1 + e^-a[i]) · b[i]; a NaN stays NaN. y may be a.
+PRAXIS_ISA_CLONES void SiluMulRow(const float* a, const float* b, float* y, int64_t n) {
   const float lo = exp_clamp_lo, hi = exp_clamp_hi;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) a[i] = a[i] / (1.0f + VecExp(-a[i], lo, hi)) * b[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] / (1.0f + VecExp(-a[i], lo, hi)) * b[i];
 }
 
 // y[i] = sigmoid(x[i]) = 1 / (1 + e^-x[i]).
@@ -464,7 +464,7 @@ PRAXIS_AVX512 void RouterRowAvx512(const float* x, const float* router, int64_t 
 // 1 / (1 + e^-a) by vrcp14ps and one Newton step instead of vdivps, which alone took longer than
 // the rest of the row. Where e^-a overflows (a below about -88) the reciprocal is 0 (silu = -0, as
 // ATen's); a NaN stays NaN (the product with a). A few float32 ulps of ATen's silu · b.
-PRAXIS_AVX512 void SiluMulRowAvx512(float* a, const float* b, int64_t n) {
+PRAXIS_AVX512 void SiluMulRowAvx512(const float* a, const float* b, float* out, int64_t n) {
   constexpr float kLog2eLo = 1.92596299e-8f;  // log2 e - kLog2e
   const __m512 log2e = _mm512_set1_ps(kLog2e), log2e_lo = _mm512_set1_ps(kLog2eLo),
                one = _mm512_set1_ps(1.0f), inf = _mm512_set1_ps(INFINITY);
@@ -488,7 +488,7 @@ PRAXIS_AVX512 void SiluMulRowAvx512(float* a, const float* b, int64_t n) {
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(d, inf, _CMP_EQ_OQ), _mm512_setzero_ps());
     const __m512 y = _mm512_mask_mul_ps(x, kAll, _mm512_mask_mul_ps(x, kAll, x, r),
                                         _mm512_maskz_loadu_ps(m, b + i));
-    _mm512_mask_storeu_ps(a + i, m, y);
+    _mm512_mask_storeu_ps(out + i, m, y);
   }
 }
 
@@ -632,12 +632,12 @@ void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float*
   for (int64_t j = 0; j < e; ++j) out[j] = Dot(x, router + j * d, d);
 }
 
-// a[i] = silu(a[i]) · b[i] in AVX-512 where the CPU has it, else by the clones.
-void SiluMulRowBest(float* a, const float* b, int64_t n) {
+// y[i] = silu(a[i]) · b[i] in AVX-512 where the CPU has it, else by the clones; y may be a.
+void SiluMulRowBest(const float* a, const float* b, float* y, int64_t n) {
 #if defined(PRAXIS_X86_SIMD)
-  if (HasAvx512()) return SiluMulRowAvx512(a, b, n);
+  if (HasAvx512()) return SiluMulRowAvx512(a, b, y, n);
 #endif
-  SiluMulRow(a, b, n);
+  SiluMulRow(a, b, y, n);
 }
 
 // Rows of at least this many elements in all are split across threads.
@@ -808,11 +808,21 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
     const scalar_t* bp = b.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
     at::parallel_for(0, rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
+      if (std::is_same_v<scalar_t, float>) {
+        // Straight from the rows into the output: float32 needs no row buffers (the casts are
+        // no-ops here; the other dtypes never take this branch, which they must still compile).
+        const auto* a32 = reinterpret_cast<const float*>(ap);
+        const auto* b32 = reinterpret_cast<const float*>(bp);
+        auto* y32 = reinterpret_cast<float*>(dst);
+        for (int64_t r = r0; r < r1; ++r)
+          SiluMulRowBest(a32 + r * sa, b32 + r * sb, y32 + r * n, n);
+        return;
+      }
       std::vector<float> fa(n), fb(n);
       for (int64_t r = r0; r < r1; ++r) {
         Load(ap + r * sa, fa.data(), n);
         Load(bp + r * sb, fb.data(), n);
-        SiluMulRowBest(fa.data(), fb.data(), n);
+        SiluMulRowBest(fa.data(), fb.data(), fa.data(), n);
         Store(fa.data(), dst + r * n, n);
       }
     });
