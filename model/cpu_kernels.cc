@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/intrusive_ptr.h>
@@ -13,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -828,6 +830,15 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
     });
   });
   return y;
+}
+
+void RunTasks(int64_t count, const std::function<void(int64_t)>& task) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    // Grad mode is thread-local: the caller's guard does not reach the other threads.
+    c10::AutoGradMode no_grad(false);
+    for (int64_t i = next++; i < count; i = next++) task(i);
+  });
 }
 
 void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,

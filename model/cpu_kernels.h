@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace praxis::model::cpu {
@@ -41,6 +42,13 @@ torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
 // shape and dtype, any strides (the gate and up halves of one projection are served as views).
 // Returns a contiguous tensor of that shape and dtype.
 torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
+
+// Runs task(0) … task(count - 1) on the intra-op threads, each task on one thread, taken in
+// index order from a shared counter as threads come free (so put the longest first): for work
+// whose pieces differ in cost, where at::parallel_for's equal ranges would leave a thread
+// waiting. A task's own LibTorch calls run single-threaded. Rethrows a task's exception after
+// the others finish; runs inline when called from a parallel region or with one thread.
+void RunTasks(int64_t count, const std::function<void(int64_t)>& task);
 
 // out[rows[i]] += weights[i] · y[i] for every row i of y: one expert's weighted outputs combined
 // into the MoE's float32 sum. out: contiguous float32 [N, d]; rows: int64 [n], distinct (threads

@@ -139,11 +139,29 @@ torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch
 
 namespace {
 
-// One SwiGLU expert with fused [dim, 2·inner] gate_up weights (gate first, up second).
+// One SwiGLU expert's gated hidden rows silu(x·gate)·(x·up), from fused [dim, 2·inner] gate_up
+// weights (gate first, up second).
+torch::Tensor ExpertHidden(const torch::Tensor& x, const torch::Tensor& gate_up) {
+  const auto gu = MatmulWeight(x, gate_up).chunk(2, -1);
+  return SiluMul(gu[0], gu[1]);
+}
+
+// One SwiGLU expert: its hidden rows through `down`.
 torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
                           const torch::Tensor& down) {
-  const auto gu = MatmulWeight(x, gate_up).chunk(2, -1);
-  return MatmulWeight(SiluMul(gu[0], gu[1]), down);
+  return MatmulWeight(ExpertHidden(x, gate_up), down);
+}
+
+// FusedExpert written into `out` (rows of a larger tensor): straight from the GEMM where out has
+// the weights' dtype and the matmul runs on LibTorch's GEMM in it, else through a copy.
+void FusedExpertInto(const torch::Tensor& x, const torch::Tensor& gate_up,
+                     const torch::Tensor& down, torch::Tensor out) {
+  const torch::Tensor h = ExpertHidden(x, gate_up);
+  if (out.scalar_type() == down.scalar_type() && !GemmInFloat32(h, down)) {
+    torch::mm_out(out, h, down);
+  } else {
+    out.copy_(MatmulWeight(h, down));
+  }
 }
 
 // The routing of one MoE block: each token's top_k experts and their combine weights, and the
@@ -167,34 +185,74 @@ Routing Route(const torch::Tensor& xs, const MoeWeights& w, int64_t top_k, doubl
 }
 
 // Adds the routed experts into `out` (float32 [N, dim]), one at a time over their slices of the
-// expert-sorted pairs: routed_x [pairs, dim] the pairs' token rows, tokens (int64) and weights
-// (float32) [pairs] their tokens and combine weights, counts each expert's slice length.
-void LoopExperts(const torch::Tensor& routed_x, const torch::Tensor& tokens,
-                 const torch::Tensor& weights, const std::vector<int64_t>& counts,
-                 const MoeWeights& w, torch::Tensor& out) {
+// expert-sorted pairs, on CUDA: the slice lengths are read on the host, a device sync.
+void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Tensor& out) {
+  const torch::Tensor counts =
+      torch::bincount(r.sorted_experts, /*weights=*/{}, w.gate_up.size(0)).to(torch::kCPU);
+  const torch::Tensor tokens = torch::div(r.order, top_k, "floor");
+  const torch::Tensor weights = r.weights.flatten().index_select(0, r.order);
   int64_t begin = 0;
-  for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e) {
-    const int64_t n = counts[e];
+  for (int64_t e = 0; e < counts.numel(); ++e) {
+    const int64_t n = counts.data_ptr<int64_t>()[e];
     if (n == 0) continue;
-    const torch::Tensor y = FusedExpert(routed_x.narrow(0, begin, n), w.gate_up[e], w.down[e]);
-    if (out.is_cuda()) {
-      out.index_add_(0, tokens.narrow(0, begin, n),
-                     weights.narrow(0, begin, n).unsqueeze(1) * y.to(torch::kFloat32));
-    } else {
-      cpu::AddWeightedRows(out, tokens.narrow(0, begin, n), weights.narrow(0, begin, n), y);
-    }
+    const torch::Tensor y = FusedExpert(r.routed_x.narrow(0, begin, n), w.gate_up[e], w.down[e]);
+    out.index_add_(0, tokens.narrow(0, begin, n),
+                   weights.narrow(0, begin, n).unsqueeze(1) * y.to(torch::kFloat32));
     begin += n;
   }
 }
 
-// The loop over device routing (CUDA): the slice lengths are read on the host, a device sync.
-void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Tensor& out) {
-  const torch::Tensor counts =
-      torch::bincount(r.sorted_experts, /*weights=*/{}, w.gate_up.size(0)).to(torch::kCPU);
-  LoopExperts(
-      r.routed_x, torch::div(r.order, top_k, "floor"), r.weights.flatten().index_select(0, r.order),
-      std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()),
-      w, out);
+// Rows of one piece of expert work on the CPU: measured at bench small B8 (float32, 2 threads),
+// where one thread's matmuls over 256 rows run at about its full rate.
+constexpr int64_t kMoePieceRows = 256;
+
+// The CPU's MoE after routing, as float32 [N, dim]: the shared expert over every token and each
+// routed expert over its slice of the expert-sorted pairs (routed_x, r), cut into pieces of at
+// most kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
+// time (its matmuls and gate on that thread alone). Run one expert after another, each matmul
+// split across the threads, a small expert's matmul left one thread waiting (2 threads: 1.3-1.8x
+// one at 143-2300 rows). The routed outputs are then added in expert order, as LoopExperts does.
+torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const torch::Tensor& routed_x,
+                                const cpu::ExpertRoutes& r, const MoeWeights& w) {
+  struct Piece {
+    int64_t expert;  // -1: the shared expert, over tokens; else over the pairs' slice
+    int64_t begin, rows;
+  };
+  std::vector<Piece> pieces;
+  auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows) {
+    for (int64_t b = begin; b < begin + rows; b += kMoePieceRows) {
+      pieces.push_back({expert, b, std::min(kMoePieceRows, begin + rows - b)});
+    }
+  };
+  cut(-1, 0, xs.size(0));
+  std::vector<int64_t> starts;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
+    starts.push_back(begin);
+    cut(e, begin, r.counts[e]);
+    begin += r.counts[e];
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.rows > b.rows; });
+  torch::Tensor out = torch::empty({xs.size(0), xs.size(1)}, xs.options().dtype(torch::kFloat32));
+  torch::Tensor routed = torch::empty_like(routed_x);
+  cpu::RunTasks(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& p = pieces[i];
+    if (p.expert < 0) {
+      FusedExpertInto(xs.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
+                      out.narrow(0, p.begin, p.rows));
+    } else {
+      FusedExpertInto(routed_x.narrow(0, p.begin, p.rows), w.gate_up[p.expert], w.down[p.expert],
+                      routed.narrow(0, p.begin, p.rows));
+    }
+  });
+  for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
+    if (r.counts[e] == 0) continue;
+    cpu::AddWeightedRows(out, r.tokens.narrow(0, starts[e], r.counts[e]),
+                         r.weights.narrow(0, starts[e], r.counts[e]),
+                         routed.narrow(0, starts[e], r.counts[e]));
+  }
+  return out;
 }
 
 // The routed experts as two grouped matmuls over all slices: float32 [N, dim]. Every shape is
@@ -274,17 +332,21 @@ torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, do
   const torch::ScalarType dt = w.gate_up.scalar_type();
   const torch::Tensor xs = x.reshape({-1, x.size(-1)}).to(dt);
   if (dispatch == MoeDispatch::kAuto) dispatch = AutoMoeDispatch(xs, w);
-  // The shared expert's float32 output, a fresh tensor, is the sum the routed experts add into.
-  torch::Tensor out = FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
-  if (dispatch == MoeDispatch::kGrouped) {
-    out = out + GroupedExperts(Route(xs, w, top_k, routed_scale), w, top_k);
-  } else if (xs.is_cuda()) {
-    LoopExperts(Route(xs, w, top_k, routed_scale), w, top_k, out);
-  } else {
+  torch::Tensor out;
+  if (!xs.is_cuda() && dispatch == MoeDispatch::kLoop) {
     // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops.
     const cpu::ExpertRoutes r =
         cpu::RouteTopK(cpu::RouterLogits(xs, w.router), w.expert_bias, top_k, routed_scale);
-    LoopExperts(xs.index_select(0, r.tokens), r.tokens, r.weights, r.counts, w, out);
+    out = ExpertPiecesOnCpu(xs, xs.index_select(0, r.tokens), r, w);
+  } else {
+    // The shared expert's float32 output, a fresh tensor, is the sum the routed experts add into.
+    out = FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
+    const Routing routing = Route(xs, w, top_k, routed_scale);
+    if (dispatch == MoeDispatch::kGrouped) {
+      out = out + GroupedExperts(routing, w, top_k);
+    } else {
+      LoopExperts(routing, w, top_k, out);
+    }
   }
   return out.to(dt).view(x.sizes());
 }
