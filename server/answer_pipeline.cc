@@ -18,16 +18,17 @@ AnswerPipeline::~AnswerPipeline() {
 bool AnswerPipeline::Offer(Answer& answer) {
   if (!worth_it_()) return false;
   absl::MutexLock lock(&mu_);
-  if (!waiting_.empty() || stop_) return false;
-  waiting_.push_back(std::move(answer));
+  if (waiting_.has_value() || stop_) return false;
+  waiting_.emplace(std::move(answer));
   return true;
 }
 
 void AnswerPipeline::Flush() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](AnswerPipeline* p)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->waiting_.empty() && !p->answering_; },
+      +[](AnswerPipeline* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+        return !p->waiting_.has_value() && !p->answering_;
+      },
       this));
 }
 
@@ -36,11 +37,11 @@ void AnswerPipeline::Loop() {
   while (true) {
     mu_.Await(absl::Condition(
         +[](AnswerPipeline* p)
-             ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->waiting_.empty(); },
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || p->waiting_.has_value(); },
         this));
-    if (waiting_.empty()) break;  // stopped, and everything taken has run
-    Answer answer = std::move(waiting_.front());
-    waiting_.pop_front();
+    if (!waiting_.has_value()) break;  // stopped, and everything taken has run
+    Answer answer = *std::move(waiting_);
+    waiting_.reset();
     answering_ = true;
     mu_.Unlock();
     std::move(answer)();

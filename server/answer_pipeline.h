@@ -1,7 +1,7 @@
 #pragma once
 
-#include <deque>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -40,7 +40,7 @@ class AnswerPipeline {
 
   const std::function<bool()> worth_it_;
   absl::Mutex mu_;
-  std::deque<Answer> waiting_ ABSL_GUARDED_BY(mu_);
+  std::optional<Answer> waiting_ ABSL_GUARDED_BY(mu_);  // taken, not yet begun
   bool answering_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

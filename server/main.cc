@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,10 +209,11 @@ absl::StatusOr<std::vector<WarmupStep>> WarmupFromFlags() {
   return steps;
 }
 
-// --answer_pipeline: on, off, or (auto) on where the model's threads leave a core free.
-absl::StatusOr<bool> AnswerPipelineFromFlag(bool spare_core) {
+// --answer_pipeline: on (true), off (false), or auto (nullopt: on where the model's threads leave
+// a core free, which is known once the model's device is).
+absl::StatusOr<std::optional<bool>> AnswerPipelineFromFlag() {
   const std::string v = absl::GetFlag(FLAGS_answer_pipeline);
-  if (v == "auto") return spare_core;
+  if (v == "auto") return std::nullopt;
   if (v == "on" || v == "off") return v == "on";
   return absl::InvalidArgumentError(
       absl::StrCat("--answer_pipeline: expected auto, on or off, got \"", v, "\""));
@@ -306,6 +308,7 @@ absl::Status Run() {
   }
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
+  PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;
   std::string compute;
   PRAXIS_ASSIGN_OR_RETURN(model::LoadedModel loaded, LoadFromFlags(&backbone, &compute));
@@ -317,7 +320,7 @@ absl::Status Run() {
                                                        : cores;
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
-  PRAXIS_ASSIGN_OR_RETURN(options.answer_pipeline, AnswerPipelineFromFlag(threads < cores));
+  options.answer_pipeline = answer_pipeline.value_or(threads < cores);
   auto runner = std::make_unique<model::BackboneStepRunner>(
       std::move(loaded.model),
       model::RunnerOptions{.intra_op_threads = threads,
