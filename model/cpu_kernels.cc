@@ -805,21 +805,21 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
   torch::Tensor y =
       torch::empty(a_in.sizes(), a_in.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t rows = a.size(0), sa = a.stride(0), sb = b.stride(0);
+  if (a.scalar_type() == at::kFloat) {
+    // Straight from the rows into the output: float32 needs no row buffers.
+    const float* ap = a.data_ptr<float>();
+    const float* bp = b.data_ptr<float>();
+    float* dst = y.data_ptr<float>();
+    at::parallel_for(0, rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) SiluMulRowBest(ap + r * sa, bp + r * sb, dst + r * n, n);
+    });
+    return y;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "SiluMul", [&] {
     const scalar_t* ap = a.data_ptr<scalar_t>();
     const scalar_t* bp = b.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
     at::parallel_for(0, rows, RowGrain(n), [&](int64_t r0, int64_t r1) {
-      if (std::is_same_v<scalar_t, float>) {
-        // Straight from the rows into the output: float32 needs no row buffers (the casts are
-        // no-ops here; the other dtypes never take this branch, which they must still compile).
-        const auto* a32 = reinterpret_cast<const float*>(ap);
-        const auto* b32 = reinterpret_cast<const float*>(bp);
-        auto* y32 = reinterpret_cast<float*>(dst);
-        for (int64_t r = r0; r < r1; ++r)
-          SiluMulRowBest(a32 + r * sa, b32 + r * sb, y32 + r * n, n);
-        return;
-      }
       std::vector<float> fa(n), fb(n);
       for (int64_t r = r0; r < r1; ++r) {
         Load(ap + r * sa, fa.data(), n);
