@@ -1169,10 +1169,16 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   static_assert(AttentionTiles::kMaskAlign == kLanes);
   // Keys transposed [B, kvH, hd, ldk] and values [B, kvH, kv_len, hdp], float32, zero-padded: the
   // scores of a tile are rows of kLanes-wide dot products, its values rows of kLanes chunks.
-  torch::Tensor kt = torch::zeros({b, kvh, hd, ldk}, torch::kFloat32);
+  // Only the padding is zeroed (zeroing both whole first: 0.1-0.4 ms of a bench small B8 step).
+  torch::Tensor kt = torch::empty({b, kvh, hd, ldk}, torch::kFloat32);
+  kt.narrow(3, kv_len, ldk - kv_len).zero_();
   kt.narrow(3, 0, kv_len).copy_(k.transpose(2, 3));
-  torch::Tensor vf = torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
-  vf.narrow(3, 0, hd).copy_(v);
+  torch::Tensor vf = v;
+  if (hdp != hd || v.scalar_type() != torch::kFloat32 || !v.is_contiguous()) {
+    vf = hdp == hd ? torch::empty({b, kvh, kv_len, hdp}, torch::kFloat32)
+                   : torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
+    vf.narrow(3, 0, hd).copy_(v);
+  }
   torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kAttentionRows);

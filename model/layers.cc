@@ -208,13 +208,15 @@ void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Te
 constexpr int64_t kMoePieceRows = 256;
 
 // The CPU's MoE after routing, as float32 [N, dim]: the shared expert over every token and each
-// routed expert over its slice of the expert-sorted pairs (routed_x, r), cut into pieces of at
-// most kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
-// time (its matmuls and gate on that thread alone). Run one expert after another, each matmul
-// split across the threads, a small expert's matmul left one thread waiting (2 threads: 1.3-1.8x
-// one at 143-2300 rows). The routed outputs are then added in expert order, as LoopExperts does.
-torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const torch::Tensor& routed_x,
-                                const cpu::ExpertRoutes& r, const MoeWeights& w) {
+// routed expert over its slice of the expert-sorted pairs (r), cut into pieces of at most
+// kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
+// time: its token rows gathered, its matmuls and gate on that thread alone. Run one expert after
+// another, each matmul split across the threads, a small expert's matmul left one thread waiting
+// (2 threads: 1.3-1.8x one at 143-2300 rows); gathering every pair's rows up front ran on one
+// thread (the profiler: 0.9 ms of a bench small B8 step). The routed outputs are then added in
+// expert order, as LoopExperts does.
+torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes& r,
+                                const MoeWeights& w) {
   struct Piece {
     int64_t expert;  // -1: the shared expert, over tokens; else over the pairs' slice
     int64_t begin, rows;
@@ -236,15 +238,15 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const torch::Tensor& ro
   std::stable_sort(pieces.begin(), pieces.end(),
                    [](const Piece& a, const Piece& b) { return a.rows > b.rows; });
   torch::Tensor out = torch::empty({xs.size(0), xs.size(1)}, xs.options().dtype(torch::kFloat32));
-  torch::Tensor routed = torch::empty_like(routed_x);
+  torch::Tensor routed = torch::empty({r.tokens.size(0), xs.size(1)}, xs.options());
   cpu::RunTasks(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[i];
     if (p.expert < 0) {
       FusedExpertInto(xs.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
                       out.narrow(0, p.begin, p.rows));
     } else {
-      FusedExpertInto(routed_x.narrow(0, p.begin, p.rows), w.gate_up[p.expert], w.down[p.expert],
-                      routed.narrow(0, p.begin, p.rows));
+      FusedExpertInto(xs.index_select(0, r.tokens.narrow(0, p.begin, p.rows)), w.gate_up[p.expert],
+                      w.down[p.expert], routed.narrow(0, p.begin, p.rows));
     }
   });
   for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
@@ -338,7 +340,7 @@ torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, do
     // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops.
     const cpu::ExpertRoutes r =
         cpu::RouteTopK(cpu::RouterLogits(xs, w.router), w.expert_bias, top_k, routed_scale);
-    out = ExpertPiecesOnCpu(xs, xs.index_select(0, r.tokens), r, w);
+    out = ExpertPiecesOnCpu(xs, r, w);
   } else {
     // The shared expert's float32 output, a fresh tensor, is the sum the routed experts add into.
     out = FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
