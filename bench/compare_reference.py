@@ -3,7 +3,7 @@
 
     compare_reference.py --step_bench build/bench/step_bench [--configs tiny,bench]
         [--layouts small,medium,bench] [--dtypes float32,bfloat16] [--batches 1,8]
-        [--threads 2] [--repeats 5] [--json out.json]
+        [--threads 2] [--repeats 5] [--gemm_bound] [--json out.json]
 
 For each config: one checkpoint of deterministic random weights (tests/reference/make_tiny.py).
 For each (layout, batch): one step file of random float32 inputs. Each cell times the reference's
@@ -11,7 +11,10 @@ forward in this process (inference mode, `--threads` intra-op threads, one untim
 `--repeats` timed runs) and then step_bench (the server's StepRunner::Run, same threads, warm-up and
 repeats) in a child process, one after the other so that they never share the cores. Prints the
 CPU model and ISA flags and a table of medians with the ratio C++ / reference (< 0.5 is the issue's
-target). A benchmark, not a test: nothing is asserted.
+target). With --gemm_bound each side's GEMM calls (aten mm, addmm, bmm, baddbmm) in one forward are
+recorded and timed alone in the same run (the reference's here, the C++ side's by step_bench
+--gemm_bound), and the table adds both GEMM times and C++ / its GEMMs (the issue's bound for a
+GEMM-bound cell: <= 1.15). A benchmark, not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import tempfile
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -73,12 +77,65 @@ def time_reference(model, x: dict[str, torch.Tensor], repeats: int) -> list[floa
     return times
 
 
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+class _RecordGemms(TorchDispatchMode):
+    """Records each GEMM call's op and its operands' sizes, strides and dtype (what step_bench
+    --gemm_bound records on the C++ side)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[tuple]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("linear", "matmul"):
+            # Under inference mode these reach the mode whole; their decomposition (into t, mm,
+            # addmm, bmm, views) re-enters it (once pushed again), as LibTorch runs them.
+            with self:
+                return func.decompose(*args, **(kwargs or {}))
+        if name in GEMM_OPS:
+            n = 2 if name in ("mm", "bmm") else 3
+            self.calls.append((name, [(tuple(t.shape), t.stride(), t.dtype) for t in args[:n]]))
+        return func(*args, **(kwargs or {}))
+
+
+def reference_gemm_ms(model, x: dict[str, torch.Tensor], repeats: int) -> tuple[float, int]:
+    """The reference forward's GEMM calls timed alone (operands of equal layout shared, as
+    step_bench does): the median of their total over `repeats` runs, and the number of calls."""
+    rec = _RecordGemms()
+    with torch.inference_mode():
+        with rec:
+            run_case(model, x)
+        made: dict[tuple, torch.Tensor] = {}
+
+        def operand(o: tuple) -> torch.Tensor:
+            if o not in made:
+                shape, stride, dtype = o
+                extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+                made[o] = torch.randn(extent, dtype=dtype).as_strided(shape, stride)
+            return made[o]
+
+        calls = [(getattr(torch, name), [operand(o) for o in ops]) for name, ops in rec.calls]
+        times = []
+        for i in range(repeats + 1):  # the first a warm-up
+            start = time.perf_counter()
+            for f, a in calls:
+                f(*a)
+            if i:
+                times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), len(calls)
+
+
 def time_cpp(step_bench: str, checkpoint: str, dtype: str, inputs: str, threads: int,
-             repeats: int) -> list[float]:
+             repeats: int, gemm_bound: bool = False) -> dict:
+    """step_bench's JSON line: times_ms, median_ms (and gemm_ms, gemm_calls with gemm_bound)."""
     out = subprocess.run([step_bench, f"--checkpoint={checkpoint}", f"--dtype={dtype}",
-                          f"--inputs={inputs}", f"--threads={threads}", f"--repeats={repeats}"],
+                          f"--inputs={inputs}", f"--threads={threads}", f"--repeats={repeats}",
+                          f"--gemm_bound={str(gemm_bound).lower()}"],
                          check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["times_ms"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def with_dtype(model, dtype: str):
@@ -98,6 +155,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gemm_bound", action="store_true",
+                   help="also time each side's GEMM calls alone (see above)")
     p.add_argument("--json", default="", help="also write the cells here")
     p.add_argument("--reuse_reference", default="",
                    help="take the reference's times from this earlier --json (same CPU model, "
@@ -108,8 +167,9 @@ def main() -> int:
     cpu = cpu_description()
     print(f"CPU: {cpu['model']} | ISA: {' '.join(cpu['isa'])} | cores: {cpu['cores']} | "
           f"threads: {a.threads} | repeats: {a.repeats} | torch {torch.__version__}", flush=True)
+    gemm_head = f" {'ref GEMM':>9} {'C++ GEMM':>9} {'C++/GEMM':>8}" if a.gemm_bound else ""
     print(f"{'config':6} {'layout':6} {'dtype':8} {'B':>2} {'ref ms':>10} {'C++ ms':>10} "
-          f"{'C++/ref':>8}  (medians; spread = max/min of the repeats)", flush=True)
+          f"{'C++/ref':>8}{gemm_head}  (medians; spread = max/min of the repeats)", flush=True)
     cells = []
     reused = {}
     if a.reuse_reference:
@@ -133,16 +193,25 @@ def main() -> int:
                         inputs = os.path.join(tmp, f"{config}_{layout}_{batch}.safetensors")
                         save_file(x, inputs)
                         ref = reused.get((config, layout, dtype, batch)) or time_reference(model, x, a.repeats)
-                        cpp = time_cpp(a.step_bench, checkpoint, dtype, inputs, a.threads, a.repeats)
+                        bench = time_cpp(a.step_bench, checkpoint, dtype, inputs, a.threads,
+                                         a.repeats, a.gemm_bound)
+                        cpp = bench["times_ms"]
                         cell = {"config": config, "layout": layout, "dtype": dtype, "batch": batch,
                                 "ref_reused": (config, layout, dtype, batch) in reused,
                                 "ref_ms": ref, "cpp_ms": cpp, "ref_median_ms": statistics.median(ref),
                                 "cpp_median_ms": statistics.median(cpp)}
                         cell["ratio"] = cell["cpp_median_ms"] / cell["ref_median_ms"]
+                        gemm_cols = ""
+                        if a.gemm_bound:
+                            cell["ref_gemm_ms"], cell["ref_gemm_calls"] = reference_gemm_ms(model, x, a.repeats)
+                            cell["cpp_gemm_ms"], cell["cpp_gemm_calls"] = bench["gemm_ms"], bench["gemm_calls"]
+                            cell["cpp_over_gemm"] = cell["cpp_median_ms"] / cell["cpp_gemm_ms"]
+                            gemm_cols = (f" {cell['ref_gemm_ms']:>9.1f} {cell['cpp_gemm_ms']:>9.1f} "
+                                         f"{cell['cpp_over_gemm']:>8.2f}")
                         cells.append(cell)
                         print(f"{config:6} {layout:6} {dtype:8} {batch:>2} "
                               f"{cell['ref_median_ms']:>10.1f} {cell['cpp_median_ms']:>10.1f} "
-                              f"{cell['ratio']:>8.2f}  (spread ref {max(ref) / min(ref):.2f}, "
+                              f"{cell['ratio']:>8.2f}{gemm_cols}  (spread ref {max(ref) / min(ref):.2f}, "
                               f"C++ {max(cpp) / min(cpp):.2f})"
                               f"{' ref from --reuse_reference' if cell['ref_reused'] else ''}", flush=True)
     if a.json:

@@ -3,7 +3,8 @@
 //  (a) the block-sparse attention executor vs dense-mask SDPA on the encoder's chunk-causal layout;
 //  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s;
 //  (c) the peak resident memory of a step;
-//  (d) one MoE block, its CPU dispatch against the grouped one that CUDA runs.
+//  (d) one MoE block in bf16 and float32, its CPU dispatch against the grouped one that CUDA runs,
+//      its useful GFLOP/s against LibTorch's matmul in the same dtype.
 // Run: build/bench/model_bench (PRAXIS_SOURCE_DIR is compiled in to find configs/).
 
 #include <benchmark/benchmark.h>
@@ -67,37 +68,55 @@ void BM_Step(benchmark::State& state) {
 }
 BENCHMARK(BM_Step)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 
-void BM_MatmulBf16(benchmark::State& state) {
+// LibTorch's GEMM rate on [2048, 2048] operands: arg 0 bf16, 1 float32 (what BM_Step and BM_Moe
+// are held against, in the same run).
+void BM_Matmul(benchmark::State& state) {
   torch::set_num_threads(2);
   const int64_t n = 2048;
-  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
-  const torch::Tensor a = torch::randn({n, n}, bf), b = torch::randn({n, n}, bf);
+  const auto opts =
+      torch::TensorOptions().dtype(state.range(0) == 0 ? torch::kBFloat16 : torch::kFloat32);
+  const torch::Tensor a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
   for (auto _ : state) benchmark::DoNotOptimize(torch::matmul(a, b));
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * n * n * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_MatmulBf16)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Matmul)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 
-// One MoE block of configs/bench.json (bf16, top-k of its experts) on 2048 tokens: arg 0 the
-// dispatch the CPU runs (the per-expert loop), 1 the grouped dispatch CUDA runs (on the CPU its
-// grouped matmul is a per-group loop of its own).
+// One MoE block of configs/bench.json (top-k of its experts) on 3104 tokens (the decoder's of a
+// bench small step of 8 rows): args {dispatch: 0 the CPU's (pieces of each expert on the threads),
+// 1 the grouped one CUDA runs (on the CPU a per-group loop of its own); dtype: 0 bf16, 1 float32}.
+// Its useful GFLOP/s (the experts' matmuls) is held against BM_Matmul's in the same dtype.
 void BM_Moe(benchmark::State& state) {
   torch::set_num_threads(2);
   const BackboneConfig c = BenchConfig();
   const MoeConfig& m = c.moe;
-  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  const auto dt =
+      torch::TensorOptions().dtype(state.range(1) == 0 ? torch::kBFloat16 : torch::kFloat32);
   torch::manual_seed(2);
-  const MoeWeights w{.router = torch::randn({m.num_experts, c.dim}, bf),
+  const MoeWeights w{.router = torch::randn({m.num_experts, c.dim}, dt),
                      .expert_bias = torch::zeros({m.num_experts}),
-                     .gate_up = torch::randn({m.num_experts, c.dim, 2 * m.expert_dim}, bf) / 16,
-                     .down = torch::randn({m.num_experts, m.expert_dim, c.dim}, bf) / 16,
-                     .shared_gate_up = torch::randn({c.dim, 2 * m.shared_dim}, bf) / 16,
-                     .shared_down = torch::randn({m.shared_dim, c.dim}, bf) / 16};
-  const torch::Tensor x = torch::randn({1, 2048, c.dim}, bf);
+                     .gate_up = torch::randn({m.num_experts, c.dim, 2 * m.expert_dim}, dt) / 16,
+                     .down = torch::randn({m.num_experts, m.expert_dim, c.dim}, dt) / 16,
+                     .shared_gate_up = torch::randn({c.dim, 2 * m.shared_dim}, dt) / 16,
+                     .shared_down = torch::randn({m.shared_dim, c.dim}, dt) / 16};
+  const int64_t tokens = 3104;
+  const torch::Tensor x = torch::randn({1, tokens, c.dim}, dt);
   const MoeDispatch dispatch = state.range(0) == 0 ? MoeDispatch::kAuto : MoeDispatch::kGrouped;
   for (auto _ : state) benchmark::DoNotOptimize(Moe(x, w, m.top_k, 1.0, dispatch));
+  // Three matmuls of dim x expert width per token and expert it runs: the shared one and top_k.
+  const double flops = 6.0 * static_cast<double>(tokens) * c.dim *
+                       (m.shared_dim + static_cast<double>(m.top_k) * m.expert_dim);
+  state.counters["useful_GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Moe)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Moe)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0)
+    ->UseRealTime();
 
 // One attention call of the bench encoder layout (2 heads of 64, bf16): arg 0 sparse, 1 dense.
 void BM_EncoderAttention(benchmark::State& state) {
