@@ -2,27 +2,23 @@
 // beside the PyTorch reference's forward on the same checkpoint, inputs and thread count, or on
 // synthetic inputs of a layout, for bench/served_ratio.py to put beside the served step.
 // Prints one JSON line: {"times_ms": [...], "median_ms": m} (with --gemm_bound also "gemm_ms",
-// "gemm_calls", "gemm_gflop"). Not a test: nothing is asserted.
+// "gemm_calls", "gemm_gflop", "useful_gflop"). Not a test: nothing is asserted.
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <map>
 #include <string>
-#include <string_view>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
+#include "bench/gemm_record.h"
 #include "common/status_macros.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
@@ -68,116 +64,6 @@ absl::StatusOr<StepInputs> Inputs(const BackboneConfig& config) {
   return wire::SyntheticInputs(config.step_dims(), g, absl::GetFlag(FLAGS_rows), /*seed=*/0);
 }
 
-// One LibTorch GEMM call of a step: its op and its tensor operands' sizes, strides and dtype (the
-// output of an out= variant left out: the replay makes its own).
-struct GemmCall {
-  using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
-  std::string op;
-  std::vector<Operand> operands;
-};
-
-// The calls RecordGemm collects while `gemm_calls` is set (from every thread: the MoE's pieces run
-// their matmuls on the intra-op threads).
-absl::Mutex gemm_mu;
-std::vector<GemmCall>* gemm_calls ABSL_GUARDED_BY(gemm_mu) = nullptr;
-
-std::unique_ptr<at::ObserverContext> RecordGemm(const at::RecordFunction& fn) {
-  const std::string_view name = fn.name();
-  const int operands = name == "aten::mm" || name == "aten::bmm"          ? 2
-                       : name == "aten::addmm" || name == "aten::baddbmm" ? 3
-                                                                          : 0;
-  if (operands == 0) return nullptr;
-  GemmCall call{std::string(name), {}};
-  for (int i = 0; i < operands && i < static_cast<int>(fn.inputs().size()); ++i) {
-    const at::Tensor& t = fn.inputs()[i].toTensor();
-    call.operands.emplace_back(t.sizes().vec(), t.strides().vec(), t.scalar_type());
-  }
-  absl::MutexLock lock(&gemm_mu);
-  if (gemm_calls != nullptr) gemm_calls->push_back(std::move(call));
-  return nullptr;
-}
-
-// The GEMM calls of one run of `step`.
-std::vector<GemmCall> RecordGemms(const std::function<absl::Status()>& step, absl::Status* s) {
-  std::vector<GemmCall> calls;
-  {
-    absl::MutexLock lock(&gemm_mu);
-    gemm_calls = &calls;
-  }
-  const at::CallbackHandle handle = at::addGlobalCallback(at::RecordFunctionCallback(&RecordGemm)
-                                                              .needsInputs(true)
-                                                              .scopes({at::RecordScope::FUNCTION}));
-  *s = step();
-  at::removeCallback(handle);
-  absl::MutexLock lock(&gemm_mu);
-  gemm_calls = nullptr;
-  return calls;
-}
-
-// Random values laid out as `operand` (a broadcast bias's zero strides kept).
-torch::Tensor MakeOperand(const GemmCall::Operand& operand) {
-  const auto& [sizes, strides, dtype] = operand;
-  int64_t extent = 1;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 0) return torch::empty(sizes, dtype);
-    extent += (sizes[d] - 1) * strides[d];
-  }
-  return torch::randn({extent}, torch::TensorOptions().dtype(dtype)).as_strided(sizes, strides);
-}
-
-struct GemmTime {
-  double median_ms = 0;
-  double gflop = 0;
-};
-
-// The calls run alone, in order, `repeats` times after one warm-up: the median of their total.
-// Operands of equal layout are one tensor, as a step's weights are: no cache misses it would not
-// have had (so the bound errs on the GEMMs' side).
-GemmTime TimeGemms(const std::vector<GemmCall>& calls, int repeats) {
-  std::map<GemmCall::Operand, torch::Tensor> made;
-  std::vector<std::vector<torch::Tensor>> args;
-  GemmTime g;
-  for (const GemmCall& c : calls) {
-    std::vector<torch::Tensor>& a = args.emplace_back();
-    for (const GemmCall::Operand& o : c.operands) {
-      auto it = made.find(o);
-      if (it == made.end()) it = made.emplace(o, MakeOperand(o)).first;
-      a.push_back(it->second);
-    }
-    const torch::Tensor& x = a[a.size() - 2];
-    const torch::Tensor& w = a.back();
-    const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
-    g.gflop += 2.0 * batch * x.size(-2) * x.size(-1) * w.size(-1) / 1e9;
-  }
-  auto run_all = [&] {
-    for (size_t i = 0; i < calls.size(); ++i) {
-      const std::string& op = calls[i].op;
-      const std::vector<torch::Tensor>& a = args[i];
-      if (op == "aten::mm") {
-        torch::mm(a[0], a[1]);
-      } else if (op == "aten::bmm") {
-        torch::bmm(a[0], a[1]);
-      } else if (op == "aten::addmm") {
-        torch::addmm(a[0], a[1], a[2]);
-      } else {
-        torch::baddbmm(a[0], a[1], a[2]);
-      }
-    }
-  };
-  run_all();
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run_all();
-    times.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count());
-  }
-  std::sort(times.begin(), times.end());
-  g.median_ms = times[times.size() / 2];
-  return g;
-}
-
 absl::Status Run() {
   ModelSource source;
   source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
@@ -205,14 +91,16 @@ absl::Status Run() {
   std::string gemms;
   if (absl::GetFlag(FLAGS_gemm_bound)) {
     absl::Status s;
-    const std::vector<GemmCall> calls =
-        RecordGemms([&] { return runner.Run(in, all).status(); }, &s);
+    const std::vector<bench::GemmCall> calls =
+        bench::RecordGemms([&] { s = runner.Run(in, all).status(); });
     PRAXIS_RETURN_IF_ERROR(s);
-    const GemmTime g = TimeGemms(calls, absl::GetFlag(FLAGS_repeats));
+    double gflop = 0;
+    for (const bench::GemmCall& c : calls) gflop += c.Flops() / 1e9;
     const StepCost cost =
         ComputeStepCost(runner.config(), StepLayout(in), in.decode, in.noised.size(0));
-    gemms = absl::StrCat(", \"gemm_ms\": ", g.median_ms, ", \"gemm_calls\": ", calls.size(),
-                         ", \"gemm_gflop\": ", g.gflop, ", \"useful_gflop\": ", cost.gflop());
+    gemms = absl::StrCat(", \"gemm_ms\": ", bench::TimeGemmsMs(calls, absl::GetFlag(FLAGS_repeats)),
+                         ", \"gemm_calls\": ", calls.size(), ", \"gemm_gflop\": ", gflop,
+                         ", \"useful_gflop\": ", cost.gflop());
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());

@@ -4,8 +4,12 @@
 
 #include <random>
 
+#include "bench/gemm_record.h"
 #include "common/file_util.h"
+#include "model/backbone.h"
 #include "model/config.h"
+#include "model/random_weights.h"
+#include "wire/synthetic.h"
 
 namespace praxis::model {
 namespace {
@@ -50,6 +54,34 @@ TEST(StepCostTest, ScalesWithRowsAndDenseCountsEveryPair) {
   const StepCost encoder_only = ComputeStepCost(c, l, false, 1);
   EXPECT_EQ(encoder_only.decoder_tokens, 0);
   EXPECT_LT(encoder_only.flops, one.flops);
+}
+
+// The cost is what admission bounds a request's work by (SPEC §12), so it must count every matmul a
+// forward runs: the GEMMs LibTorch runs in a real forward (recorded on every thread) against the
+// cost less its attention pairs. Never more, and within 1 %: the cost also counts the router's
+// logits, which run on a kernel of ours, not LibTorch's GEMM (0.14 % of the tiny model's).
+TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
+  const BackboneConfig c = Tiny();
+  auto model = *VideoBackbone::Create(c, RandomWeights(c, 0), {});
+  for (const auto& [g, rows] :
+       {std::pair<wire::StepGeometry, int64_t>{
+            {.text_len = 8, .anchor_h = 3, .anchor_w = 4, .k = 2, .f = 1, .h = 3, .w = 4}, 1},
+        {{.text_len = 5, .anchor_h = 2, .anchor_w = 2, .k = 3, .f = 2, .h = 2, .w = 3}, 3}}) {
+    const StepInputs in = wire::SyntheticInputs(c.step_dims(), g, rows, /*seed=*/1);
+    absl::Status s;
+    const std::vector<bench::GemmCall> calls =
+        bench::RecordGemms([&] { s = model->Forward(in).status(); });
+    ASSERT_TRUE(s.ok()) << s;
+    double recorded = 0;
+    for (const bench::GemmCall& call : calls) recorded += call.Flops();
+    const StepCost cost = ComputeStepCost(c, StepLayout(in), in.decode, rows);
+    const double attention =
+        4.0 * c.head_dim() * c.num_heads * rows *
+        (cost.encoder_pairs * c.encoder.depth + cost.decoder_pairs * c.decoder.depth);
+    const double matmuls = cost.flops - attention;
+    EXPECT_LE(recorded, matmuls) << calls.size() << " GEMM calls";
+    EXPECT_GE(recorded, 0.99 * matmuls) << calls.size() << " GEMM calls";
+  }
 }
 
 }  // namespace

@@ -1,0 +1,109 @@
+#include "bench/gemm_record.h"
+
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string_view>
+
+#include "absl/synchronization/mutex.h"
+
+namespace praxis::bench {
+namespace {
+
+absl::Mutex mu;
+std::vector<GemmCall>* recording ABSL_GUARDED_BY(mu) = nullptr;
+
+std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
+  const std::string_view name = fn.name();
+  const int operands = name == "aten::mm" || name == "aten::bmm"          ? 2
+                       : name == "aten::addmm" || name == "aten::baddbmm" ? 3
+                                                                          : 0;
+  if (operands == 0 || static_cast<int>(fn.inputs().size()) < operands) return nullptr;
+  GemmCall call{std::string(name), {}};
+  for (int i = 0; i < operands; ++i) {
+    const at::Tensor& t = fn.inputs()[i].toTensor();
+    call.operands.emplace_back(t.sizes().vec(), t.strides().vec(), t.scalar_type());
+  }
+  absl::MutexLock lock(&mu);
+  if (recording != nullptr) recording->push_back(std::move(call));
+  return nullptr;
+}
+
+// Random values laid out as `operand` (a broadcast bias's zero strides kept).
+torch::Tensor MakeOperand(const GemmCall::Operand& operand) {
+  const auto& [sizes, strides, dtype] = operand;
+  int64_t extent = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return torch::empty(sizes, dtype);
+    extent += (sizes[d] - 1) * strides[d];
+  }
+  return torch::randn({extent}, torch::TensorOptions().dtype(dtype)).as_strided(sizes, strides);
+}
+
+}  // namespace
+
+double GemmCall::Flops() const {
+  const auto& a = std::get<0>(operands[operands.size() - 2]);
+  const auto& b = std::get<0>(operands.back());
+  const double batch = a.size() == 3 ? static_cast<double>(a[0]) : 1.0;
+  return 2.0 * batch * static_cast<double>(a[a.size() - 2]) * static_cast<double>(a.back()) *
+         static_cast<double>(b.back());
+}
+
+std::vector<GemmCall> RecordGemms(const std::function<void()>& run) {
+  std::vector<GemmCall> calls;
+  {
+    absl::MutexLock lock(&mu);
+    recording = &calls;
+  }
+  const at::CallbackHandle handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&OnOpStart).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  run();
+  at::removeCallback(handle);
+  absl::MutexLock lock(&mu);
+  recording = nullptr;
+  return calls;
+}
+
+double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
+  std::map<GemmCall::Operand, torch::Tensor> made;
+  std::vector<std::vector<torch::Tensor>> args;
+  for (const GemmCall& c : calls) {
+    std::vector<torch::Tensor>& a = args.emplace_back();
+    for (const GemmCall::Operand& o : c.operands) {
+      auto it = made.find(o);
+      if (it == made.end()) it = made.emplace(o, MakeOperand(o)).first;
+      a.push_back(it->second);
+    }
+  }
+  auto run_all = [&] {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const std::string& op = calls[i].op;
+      const std::vector<torch::Tensor>& a = args[i];
+      if (op == "aten::mm") {
+        torch::mm(a[0], a[1]);
+      } else if (op == "aten::bmm") {
+        torch::bmm(a[0], a[1]);
+      } else if (op == "aten::addmm") {
+        torch::addmm(a[0], a[1], a[2]);
+      } else {
+        torch::baddbmm(a[0], a[1], a[2]);
+      }
+    }
+  };
+  run_all();
+  std::vector<double> times;
+  for (int i = 0; i < std::max(repeats, 1); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run_all();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace praxis::bench

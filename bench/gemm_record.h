@@ -1,0 +1,38 @@
+#pragma once
+
+// The LibTorch GEMM calls (aten mm, addmm, bmm, baddbmm) a piece of code makes, on every thread:
+// for step_bench's --gemm_bound (a step beside the time of its GEMMs alone, the bound for a
+// GEMM-bound cell) and for the test that the step cost model counts every matmul a forward runs.
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace praxis::bench {
+
+// One GEMM call: its op and its tensor operands' sizes, strides and dtype (an out= variant's
+// output left out: a replay makes its own).
+struct GemmCall {
+  using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
+  std::string op;  // "aten::mm", "aten::addmm", "aten::bmm" or "aten::baddbmm"
+  std::vector<Operand> operands;
+
+  // Multiply-adds x 2 of the product (batch x m x k x n).
+  double Flops() const;
+};
+
+// The GEMM calls `run` makes, from any thread (the CPU MoE's pieces run theirs on the intra-op
+// threads), in the order they start. Installs a global RecordFunction callback for the duration:
+// one recording at a time per process.
+std::vector<GemmCall> RecordGemms(const std::function<void()>& run);
+
+// The calls run alone, in order, `repeats` times after one warm-up, on the calling thread with
+// LibTorch's intra-op threads: the median of their total in milliseconds. Operands of one layout
+// are one random tensor, as a step's weights are: no cache misses a step would not have had (so a
+// step's ratio to this errs on the GEMMs' side).
+double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats);
+
+}  // namespace praxis::bench
