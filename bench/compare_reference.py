@@ -205,7 +205,7 @@ def main() -> int:
                         if a.gemm_bound:
                             cell["ref_gemm_ms"], cell["ref_gemm_calls"] = reference_gemm_ms(model, x, a.repeats)
                             cell["cpp_gemm_ms"], cell["cpp_gemm_calls"] = bench["gemm_ms"], bench["gemm_calls"]
-                            cell["cpp_over_gemm"] = cell["cpp_median_ms"] / cell["cpp_gemm_ms"]
+                            cell["cpp_over_gemm"] = cell["cpp_median_ms"] / max(cell["cpp_gemm_ms"], 1e-9)
                             gemm_cols = (f" {cell['ref_gemm_ms']:>9.1f} {cell['cpp_gemm_ms']:>9.1f} "
                                          f"{cell['cpp_over_gemm']:>8.2f}")
                         cells.append(cell)

@@ -1,5 +1,6 @@
 #include "bench/gemm_record.h"
 
+#include <ATen/Parallel.h>  // at::in_parallel_region
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <map>
 #include <string_view>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
+#include "model/cpu_kernels.h"
 
 namespace praxis::bench {
 namespace {
@@ -21,7 +24,7 @@ std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
                        : name == "aten::addmm" || name == "aten::baddbmm" ? 3
                                                                           : 0;
   if (operands == 0 || static_cast<int>(fn.inputs().size()) < operands) return nullptr;
-  GemmCall call{std::string(name), {}};
+  GemmCall call{std::string(name), {}, at::in_parallel_region()};
   for (int i = 0; i < operands; ++i) {
     const at::Tensor& t = fn.inputs()[i].toTensor();
     call.operands.emplace_back(t.sizes().vec(), t.strides().vec(), t.scalar_type());
@@ -60,10 +63,15 @@ std::vector<GemmCall> RecordGemms(const std::function<void()>& run) {
   }
   const at::CallbackHandle handle = at::addGlobalCallback(
       at::RecordFunctionCallback(&OnOpStart).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-  run();
-  at::removeCallback(handle);
-  absl::MutexLock lock(&mu);
-  recording = nullptr;
+  {
+    // Also when `run` throws: the callback must not outlive `calls`.
+    const absl::Cleanup stop = [handle] {
+      at::removeCallback(handle);
+      absl::MutexLock lock(&mu);
+      recording = nullptr;
+    };
+    run();
+  }
   return calls;
 }
 
@@ -78,19 +86,31 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
       a.push_back(it->second);
     }
   }
+  auto run_one = [&](size_t i) {
+    const std::string& op = calls[i].op;
+    const std::vector<torch::Tensor>& a = args[i];
+    if (op == "aten::mm") {
+      torch::mm(a[0], a[1]);
+    } else if (op == "aten::bmm") {
+      torch::bmm(a[0], a[1]);
+    } else if (op == "aten::addmm") {
+      torch::addmm(a[0], a[1], a[2]);
+    } else {
+      torch::baddbmm(a[0], a[1], a[2]);
+    }
+  };
   auto run_all = [&] {
-    for (size_t i = 0; i < calls.size(); ++i) {
-      const std::string& op = calls[i].op;
-      const std::vector<torch::Tensor>& a = args[i];
-      if (op == "aten::mm") {
-        torch::mm(a[0], a[1]);
-      } else if (op == "aten::bmm") {
-        torch::bmm(a[0], a[1]);
-      } else if (op == "aten::addmm") {
-        torch::addmm(a[0], a[1], a[2]);
+    for (size_t i = 0; i < calls.size();) {
+      size_t end = i + 1;
+      if (calls[i].in_parallel_region) {
+        while (end < calls.size() && calls[end].in_parallel_region) ++end;
+        // One call per thread at a time, as the step's pieces ran (cpu::RunTasks).
+        model::cpu::RunTasks(static_cast<int64_t>(end - i),
+                             [&](int64_t j) { run_one(i + static_cast<size_t>(j)); });
       } else {
-        torch::baddbmm(a[0], a[1], a[2]);
+        run_one(i);
       }
+      i = end;
     }
   };
   run_all();

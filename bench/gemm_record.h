@@ -19,6 +19,9 @@ struct GemmCall {
   using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
   std::string op;  // "aten::mm", "aten::addmm", "aten::bmm" or "aten::baddbmm"
   std::vector<Operand> operands;
+  // Made inside an intra-op parallel region (the CPU MoE's pieces): on one thread, beside
+  // others on the other threads.
+  bool in_parallel_region = false;
 
   // Multiply-adds x 2 of the product (batch x m x k x n).
   double Flops() const;
@@ -29,10 +32,11 @@ struct GemmCall {
 // one recording at a time per process.
 std::vector<GemmCall> RecordGemms(const std::function<void()>& run);
 
-// The calls run alone, in order, `repeats` times after one warm-up, on the calling thread with
-// LibTorch's intra-op threads: the median of their total in milliseconds. Operands of one layout
-// are one random tensor, as a step's weights are: no cache misses a step would not have had (so a
-// step's ratio to this errs on the GEMMs' side).
+// The calls run alone, in order, `repeats` times after one warm-up, as the step ran them: each on
+// LibTorch's intra-op threads, except that consecutive calls made inside a parallel region run
+// one per thread side by side again (timed each across all the threads, the MoE's pieces took
+// up to 1.8x longer: a GEMM bound that flattered the step). The median of their total in
+// milliseconds. Operands of one layout are one random tensor, as a step's weights are.
 double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats);
 
 }  // namespace praxis::bench

@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, config, "",
           "with no --checkpoint: a config.json with praxis-server's random weights (seed 0); "
           "neither: the embedded tiny model");
 ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
+ABSL_FLAG(std::string, attention, "sparse", "sparse | dense (praxis-server's --attention)");
 ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, timesteps, ...)");
 ABSL_FLAG(std::string, layout, "",
           "without --inputs: synthetic inputs of this layout (text_len,h,w,K,F; praxis-load's "
@@ -69,7 +70,10 @@ absl::Status Run() {
   source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   source.config_path = absl::GetFlag(FLAGS_config);
   source.dtype = absl::GetFlag(FLAGS_dtype);
-  PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, {}));
+  BackboneOptions options;
+  PRAXIS_ASSIGN_OR_RETURN(options.attention,
+                          ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
+  PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
   BackboneStepRunner runner(std::move(loaded.model));
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, Inputs(runner.config()));
   PRAXIS_RETURN_IF_ERROR(ValidateStep(runner.config(), in));  // the runner does not check
