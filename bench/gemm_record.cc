@@ -26,6 +26,7 @@ std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
   if (operands == 0 || static_cast<int>(fn.inputs().size()) < operands) return nullptr;
   GemmCall call{std::string(name), {}, at::in_parallel_region()};
   for (int i = 0; i < operands; ++i) {
+    if (!fn.inputs()[i].isTensor()) return nullptr;  // not a form the replay knows
     const at::Tensor& t = fn.inputs()[i].toTensor();
     call.operands.emplace_back(t.sizes().vec(), t.strides().vec(), t.scalar_type());
   }

@@ -34,9 +34,10 @@ std::vector<GemmCall> RecordGemms(const std::function<void()>& run);
 
 // The calls run alone, in order, `repeats` times after one warm-up, as the step ran them: each on
 // LibTorch's intra-op threads, except that consecutive calls made inside a parallel region run
-// one per thread side by side again (timed each across all the threads, the MoE's pieces took
-// up to 1.8x longer: a GEMM bound that flattered the step). The median of their total in
-// milliseconds. Operands of one layout are one random tensor, as a step's weights are.
+// one per thread side by side again (each split across the threads instead, a small piece's GEMM
+// gains only 1.3-1.8x from the second thread, which would flatter the step's ratio). The median
+// of their total in milliseconds. Operands of one layout are one random tensor, as a step's
+// weights are.
 double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats);
 
 }  // namespace praxis::bench
