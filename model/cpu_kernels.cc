@@ -1334,7 +1334,7 @@ class Float32Copies {
 }  // namespace
 
 torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& b) {
+                               const torch::Tensor& b, std::optional<torch::ScalarType> out) {
   TORCH_CHECK(w.dim() == 2 && x.size(-1) == w.size(0), "MatmulViaFloat32: x ", x.sizes(),
               " against w ", w.sizes());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -1344,11 +1344,13 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
   const bool fits = w32.defined() && (!b.defined() || b32.defined());
   if (!fits) {  // over the budget: LibTorch's GEMM in w's dtype
     const torch::Tensor xd = x.reshape({-1, x.size(-1)}).to(w.scalar_type());
-    return (b.defined() ? at::addmm(b, xd, w) : at::mm(xd, w)).view(shape);
+    return (b.defined() ? at::addmm(b, xd, w) : at::mm(xd, w))
+        .to(out.value_or(w.scalar_type()))
+        .view(shape);
   }
   const torch::Tensor x32 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32);
   const torch::Tensor y = b.defined() ? at::addmm(b32, x32, w32) : at::mm(x32, w32);
-  return y.to(w.scalar_type()).view(shape);
+  return y.to(out.value_or(w.scalar_type())).view(shape);
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }

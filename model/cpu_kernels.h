@@ -134,10 +134,12 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate);
 // while their storage lives. Products of 16-bit values are exact in float32 and the sums float32,
 // as in LibTorch's own 16-bit GEMM; only the order of the sums differs. A weight whose copy would
 // not fit in SetFloat32WeightBudget's bytes runs on LibTorch's 16-bit GEMM instead. x [..., in],
-// any float dtype; returns [..., out] in w's dtype. For CPUs where that GEMM is the slower one
+// any float dtype; returns [..., out] in `out` (default: w's dtype; float32 spares a caller that
+// goes on in float32 the round trip). For CPUs where that GEMM is the slower one
 // (model::ReducedGemmInFloat32). Thread-safe.
 torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& b = {});
+                               const torch::Tensor& b = {},
+                               std::optional<torch::ScalarType> out = std::nullopt);
 
 // The most bytes MatmulViaFloat32's float32 copies may hold, all models together (default 1 GiB,
 // the server's --max_float32_weight_bytes): the copies cost float32's memory on top of the 16-bit

@@ -25,9 +25,12 @@ bool GemmInFloat32(const torch::Tensor& x, const torch::Tensor& w) {
          ReducedGemmInFloat32(w.scalar_type());
 }
 
-// x · w for a weight w [in, out] (the experts' layout).
-torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w) {
-  return GemmInFloat32(x, w) ? cpu::MatmulViaFloat32(x, w) : torch::matmul(x, w);
+// x · w for a weight w [in, out] (the experts' layout), in w's dtype; with `keep_float32`, where
+// the GEMM runs in float32 anyway, left in float32.
+torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w,
+                           bool keep_float32 = false) {
+  if (!GemmInFloat32(x, w)) return torch::matmul(x, w);
+  return cpu::MatmulViaFloat32(x, w, {}, keep_float32 ? torch::kFloat32 : w.scalar_type());
 }
 
 }  // namespace
@@ -140,9 +143,10 @@ torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch
 namespace {
 
 // One SwiGLU expert's gated hidden rows silu(x·gate)·(x·up), from fused [dim, 2·inner] gate_up
-// weights (gate first, up second).
-torch::Tensor ExpertHidden(const torch::Tensor& x, const torch::Tensor& gate_up) {
-  const auto gu = MatmulWeight(x, gate_up).chunk(2, -1);
+// weights (gate first, up second); `keep_float32` as MatmulWeight's.
+torch::Tensor ExpertHidden(const torch::Tensor& x, const torch::Tensor& gate_up,
+                           bool keep_float32 = false) {
+  const auto gu = MatmulWeight(x, gate_up, keep_float32).chunk(2, -1);
   return SiluMul(gu[0], gu[1]);
 }
 
@@ -153,14 +157,16 @@ torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
 }
 
 // FusedExpert written into `out` (rows of a larger tensor): straight from the GEMM where out has
-// the weights' dtype and the matmul runs on LibTorch's GEMM in it, else through a copy.
+// the weights' dtype and the matmul runs on LibTorch's GEMM in it, else through a copy. A float32
+// `out` keeps the hidden rows in float32 where the GEMMs run in float32 anyway.
 void FusedExpertInto(const torch::Tensor& x, const torch::Tensor& gate_up,
                      const torch::Tensor& down, torch::Tensor out) {
-  const torch::Tensor h = ExpertHidden(x, gate_up);
+  const bool keep_float32 = out.scalar_type() == torch::kFloat32;
+  const torch::Tensor h = ExpertHidden(x, gate_up, keep_float32);
   if (out.scalar_type() == down.scalar_type() && !GemmInFloat32(h, down)) {
     torch::mm_out(out, h, down);
   } else {
-    out.copy_(MatmulWeight(h, down));
+    out.copy_(MatmulWeight(h, down, keep_float32));
   }
 }
 
@@ -238,14 +244,19 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   std::stable_sort(pieces.begin(), pieces.end(),
                    [](const Piece& a, const Piece& b) { return a.rows > b.rows; });
   torch::Tensor out = torch::empty({xs.size(0), xs.size(1)}, xs.options().dtype(torch::kFloat32));
-  torch::Tensor routed = torch::empty({r.tokens.size(0), xs.size(1)}, xs.options());
+  // Where the experts' GEMMs run in float32 anyway (16-bit weights on a CPU whose 16-bit GEMM is
+  // the slower), the pieces stay in float32: the tokens converted once, not once per expert that
+  // reads them, and the hidden rows and routed outputs never rounded to the weights' dtype (each
+  // round trip a pass of its own).
+  const torch::Tensor x = GemmInFloat32(xs, w.shared_gate_up) ? xs.to(torch::kFloat32) : xs;
+  torch::Tensor routed = torch::empty({r.tokens.size(0), xs.size(1)}, x.options());
   cpu::RunTasks(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[i];
     if (p.expert < 0) {
-      FusedExpertInto(xs.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
+      FusedExpertInto(x.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
                       out.narrow(0, p.begin, p.rows));
     } else {
-      FusedExpertInto(xs.index_select(0, r.tokens.narrow(0, p.begin, p.rows)), w.gate_up[p.expert],
+      FusedExpertInto(x.index_select(0, r.tokens.narrow(0, p.begin, p.rows)), w.gate_up[p.expert],
                       w.down[p.expert], routed.narrow(0, p.begin, p.rows));
     }
   });
