@@ -14,11 +14,16 @@ double ChunkCausalPairs(double globals, double k, double n, bool clean) {
   return pairs;
 }
 
+// FLOPs of one block's attention over `pairs` pairs: scores and values, every head.
+double AttentionFlops(const BackboneConfig& c, double pairs) {
+  return 4.0 * static_cast<double>(c.head_dim()) * static_cast<double>(c.num_heads) * pairs;
+}
+
 // FLOPs of one transformer block over `tokens` tokens and `pairs` attention pairs.
 double BlockFlops(const BackboneConfig& c, const TowerConfig& t, int64_t i, double tokens,
                   double pairs) {
   const double dim = c.dim, hd = c.head_dim(), h = c.num_heads, kvh = c.num_kv_heads;
-  double f = 2 * tokens * dim * (h * hd + 2 * kvh * hd + h + dim) + 4 * hd * h * pairs;
+  double f = 2 * tokens * dim * (h * hd + 2 * kvh * hd + h + dim) + AttentionFlops(c, pairs);
   if (t.is_moe(i)) {
     const MoeConfig& m = c.moe;
     f += 2 * tokens * dim * m.num_experts + m.top_k * 6 * tokens * dim * m.expert_dim +
@@ -79,6 +84,10 @@ StepCost ComputeStepCost(const BackboneConfig& c, WindowLayout l, bool decode, i
     }
   }
   s.flops = f * static_cast<double>(rows);
+  // decoder_pairs is 0 without decode.
+  s.attention_flops = (AttentionFlops(c, s.encoder_pairs) * static_cast<double>(c.encoder.depth) +
+                       AttentionFlops(c, s.decoder_pairs) * static_cast<double>(c.decoder.depth)) *
+                      static_cast<double>(rows);
   return s;
 }
 

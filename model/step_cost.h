@@ -16,7 +16,8 @@ struct StepCost {
   int64_t decoder_tokens = 0;  // per row; 0 without decode
   double encoder_pairs = 0;    // (query, key) pairs attention computes, per row and head
   double decoder_pairs = 0;
-  double flops = 0;  // all rows: every matmul, and attention over the pairs above
+  double flops = 0;            // all rows: every matmul, and attention over the pairs above
+  double attention_flops = 0;  // all rows: the part of `flops` that is attention over the pairs
 
   double gflop() const { return flops / 1e9; }
 };
