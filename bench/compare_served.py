@@ -2,7 +2,7 @@
 """Served throughput of praxis-server beside a plain Python server, same weights, load and threads.
 
     compare_served.py [--build build] [--configs tiny[,bench]] [--layouts small,medium]
-        [--callers 1,8] [--threads 2] [--repeats 3] [--duration 6]
+        [--callers 1,8] [--threads 2] [--transport unary] [--repeats 3] [--duration 6]
         [--cpp_flags "--max_batch_size=1"] [--py_flags "--max_batch_size=8"] [--json out.json]
 
 The served check of issue 13: praxis-server against bench/python_server.py (grpcio's thread-pool
@@ -121,6 +121,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layouts", default="small,medium", help=f"of {', '.join(LAYOUTS)}")
     p.add_argument("--callers", default="1,8")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of both servers")
+    p.add_argument("--transport", default="unary", choices=["unary", "session"],
+                   help="praxis-load's: a Step call per step, or one Session stream per caller")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--duration", type=float, default=6.0, help="seconds measured per run")
     p.add_argument("--seed", type=int, default=0, help="weight seed of the checkpoints")
@@ -160,7 +162,8 @@ def measure(a: argparse.Namespace, config: str, layouts: list[str], callers: lis
             for layout in layouts:
                 for n in callers:
                     runs[side, layout, n] = [
-                        run_load(a.build, server.port, layout, n, a.duration, server.proc.pid, tmp)
+                        run_load(a.build, server.port, layout, n, a.duration, server.proc.pid, tmp,
+                                 a.transport)
                         for _ in range(a.repeats)]
         finally:
             server.stop()

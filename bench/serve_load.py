@@ -2,7 +2,7 @@
 """Served throughput under closed-loop load: praxis-server and praxis-load on loopback.
 
     serve_load.py [--build build] [--configs tiny,bench] [--layouts small,medium] [--callers 1,8]
-        [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--server_flags='...']
+        [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--transport unary] [--server_flags='...']
         [--json out.json]
 
 For each (config, batching) one server process (the embedded tiny model, or configs/bench.json
@@ -61,13 +61,13 @@ def start_server(build: str, config: str, batch: int, threads: int, dtype: str =
 
 
 def run_load(build: str, port: int, layout: str, callers: int, duration: float, pid: int,
-             tmp: str) -> dict:
+             tmp: str, transport: str = "unary") -> dict:
     report = os.path.join(tmp, "load.json")
     text, h, w, k, f = LAYOUTS[layout]
     load = subprocess.Popen(
         [os.path.join(build, "client", "praxis-load"), f"--address=127.0.0.1:{port}",
          f"--concurrency={callers}", f"--mix={text},{h},{w},{k},{f}", "--warmup=2s",
-         f"--duration={duration}s", f"--json={report}"],
+         f"--duration={duration}s", f"--json={report}", f"--transport={transport}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(2.2)  # the warm-up
     c0, t0 = cpu_seconds(pid), time.monotonic()
@@ -93,6 +93,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--threads", type=int, default=0, help="server --threads (0: the cores)")
+    p.add_argument("--transport", default="unary", choices=["unary", "session"],
+                   help="praxis-load's: a Step call per step, or one Session stream per caller")
     p.add_argument("--server_flags", default="",
                    help="more praxis-server flags, space-separated, given with '=' (e.g. "
                         "--server_flags=--answer_pipeline=false)")
@@ -113,7 +115,7 @@ def main() -> int:
                     for layout in a.layouts.split(","):
                         for callers in (int(c) for c in a.callers.split(",")):
                             runs = [run_load(a.build, server.port, layout, callers, a.duration,
-                                             server.proc.pid, tmp) for _ in range(a.repeats)]
+                                             server.proc.pid, tmp, a.transport) for _ in range(a.repeats)]
                             rps = [r["rps"] for r in runs]
                             cell = {"config": config, "layout": layout, "batching": batching,
                                     "callers": callers, "runs": runs, "rps_median": statistics.median(rps),

@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "client/robot_search.h"
@@ -23,9 +24,7 @@ ABSL_FLAG(int, passes, 2, "control-loop mode: forwards per step (guided + unguid
 ABSL_FLAG(std::string, pass_mode, "batched",
           "control-loop mode: batched (one request of `passes` rows per step) | separate "
           "(`passes` one-row requests at once)");
-ABSL_FLAG(std::string, transport, "session",
-          "control-loop mode: session (each robot's steps on its Session stream, one per pass "
-          "when separate) | unary (Step calls)");
+ABSL_DECLARE_FLAG(std::string, transport);  // praxis_load.cc: every mode's
 ABSL_FLAG(uint64_t, seed, 0, "control-loop mode: seed of the robots' layouts and schedule phases");
 ABSL_FLAG(bool, find_max_robots, false,
           "control-loop mode: search the largest fleet keeping --goodput_target (doubling from "
@@ -54,7 +53,8 @@ absl::Status FillFromFlags(FleetOptions& o, const MixMaker& mix) {
   o.loop.passes = absl::GetFlag(FLAGS_passes);
   PRAXIS_RETURN_IF_ERROR(o.loop.Validate());
   PRAXIS_ASSIGN_OR_RETURN(o.pass_mode, ParsePassMode(absl::GetFlag(FLAGS_pass_mode)));
-  PRAXIS_ASSIGN_OR_RETURN(o.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
+  PRAXIS_ASSIGN_OR_RETURN(o.transport,
+                          ParseTransport(absl::GetFlag(FLAGS_transport), Transport::kSession));
   o.seed = absl::GetFlag(FLAGS_seed);
   if (absl::GetFlag(FLAGS_robots) < 0) {
     return absl::InvalidArgumentError("--robots: expected >= 0");
@@ -115,7 +115,7 @@ absl::Status RunControlMode(FleetOptions base, const MixMaker& mix, const std::s
                             absl::GetFlag(FLAGS_max_robots))
           : absl::StrCat(absl::GetFlag(FLAGS_robots)),
       base.loop.hz, base.loop.chunk_actions, base.loop.steps, base.loop.passes,
-      absl::GetFlag(FLAGS_pass_mode), absl::GetFlag(FLAGS_transport),
+      absl::GetFlag(FLAGS_pass_mode), TransportName(base.transport),
       absl::FormatDuration(base.warmup), absl::FormatDuration(base.duration));
   absl::StatusOr<ControlLoopReport> report = absl::GetFlag(FLAGS_find_max_robots)
                                                  ? Search(base)

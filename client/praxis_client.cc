@@ -2,6 +2,7 @@
 
 #include <grpcpp/security/credentials.h>
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -214,6 +215,46 @@ absl::Status Session::Close() {
   while (stream_->Read(&msg)) {
   }
   return FromGrpc(stream_->Finish());
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Client>>> LoadClients(const std::string& address,
+                                                                 ClientOptions options,
+                                                                 int connections, int streams) {
+  options.max_attempts = 1;
+  options.own_connection = true;
+  const int needed = (streams + kStreamsPerConnection - 1) / kStreamsPerConnection;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < std::max(connections, needed); ++i) {
+    PRAXIS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(address, options));
+    clients.push_back(std::move(client));
+  }
+  return clients;
+}
+
+absl::StatusOr<Transport> ParseTransport(const std::string& name, Transport if_empty) {
+  if (name.empty()) return if_empty;
+  if (name == "session") return Transport::kSession;
+  if (name == "unary") return Transport::kUnary;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--transport: expected session or unary, got \"", name, "\""));
+}
+
+const char* TransportName(Transport t) { return t == Transport::kSession ? "session" : "unary"; }
+
+absl::StatusOr<StepReply> StepCaller::Step(const v1::StepRequest& request) {
+  if (transport_ == Transport::kUnary) {
+    const absl::Duration left = std::min(call_timeout_, hard_end_ - absl::Now());
+    return client_->Step(request, std::max(left, absl::Milliseconds(1)));
+  }
+  if (!session_) session_ = client_->OpenSession(hard_end_ - absl::Now());
+  absl::StatusOr<StepReply> r = session_->Step(request);
+  if (!r.ok()) session_.reset();
+  return r;
+}
+
+void StepCaller::Close() {
+  if (session_) session_->Close().IgnoreError();
+  session_.reset();
 }
 
 }  // namespace praxis::client

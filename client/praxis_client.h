@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -89,6 +90,48 @@ class Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
   bool closed_ = false;
   absl::Status broken_;
+};
+
+// The server admits 64 concurrent streams per connection by default
+// (--max_streams_per_connection); the load tools keep well below that on each connection.
+inline constexpr int kStreamsPerConnection = 32;
+
+// Clients for a load run against `address`: `connections` of them, or more where `streams`
+// long-lived streams need them to keep kStreamsPerConnection each; each on its own connection and
+// never retrying (every failure shows in the report).
+absl::StatusOr<std::vector<std::unique_ptr<Client>>> LoadClients(const std::string& address,
+                                                                 ClientOptions options,
+                                                                 int connections, int streams);
+
+// How a caller's consecutive steps travel: on one Session stream, or as a unary Step call each.
+enum class Transport { kSession, kUnary };
+
+// "session" | "unary" (--transport), or `if_empty` for ""; InvalidArgument naming the flag
+// otherwise.
+absl::StatusOr<Transport> ParseTransport(const std::string& name, Transport if_empty);
+const char* TransportName(Transport t);
+
+// One caller's consecutive steps over `transport`: a unary Step call each (no retries beyond the
+// Client's), or a Session opened on the first step and opened afresh after a failed one (the
+// failure may have broken its stream). Every call and stream ends by `hard_end`. Borrows `client`;
+// not thread-safe (one caller).
+class StepCaller {
+ public:
+  StepCaller(const Client& client, Transport transport, absl::Duration call_timeout)
+      : client_(&client), transport_(transport), call_timeout_(call_timeout) {}
+
+  // Bounds the calls and streams that start from now on.
+  void set_hard_end(absl::Time t) { hard_end_ = t; }
+  absl::StatusOr<StepReply> Step(const v1::StepRequest& request);
+  // Half-closes the caller's stream, if open; the next step opens a new one.
+  void Close();
+
+ private:
+  const Client* client_;
+  Transport transport_;
+  absl::Duration call_timeout_;
+  absl::Time hard_end_ = absl::InfiniteFuture();
+  std::unique_ptr<Session> session_;
 };
 
 }  // namespace praxis::client

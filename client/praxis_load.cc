@@ -39,7 +39,8 @@
 #include "common/usage.h"
 #include "wire/selection.h"
 
-ABSL_FLAG(int, connections, 1, "gRPC connections, used round-robin");
+ABSL_FLAG(int, connections, 1,
+          "gRPC connections, callers spread round-robin (more where Sessions need them: 32 each)");
 ABSL_FLAG(int, concurrency, 8, "closed loop: concurrent callers");
 ABSL_FLAG(double, rate, 0, "open loop: requests per second (0 runs the closed loop)");
 ABSL_FLAG(std::string, arrival, "poisson", "open loop: poisson | constant");
@@ -50,6 +51,10 @@ ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "run before measuring, exclu
 ABSL_FLAG(std::string, mix, "16,4,4,2,1",
           "weighted mix: ENTRY;ENTRY;... with ENTRY = text_len,h,w,K,F[,enc][*WEIGHT] "
           "(enc: decode off)");
+ABSL_FLAG(std::string, transport, "",
+          "session (each caller's or robot's steps on one Session stream; with "
+          "--pass_mode=separate, one per pass) | unary (a Step call per step, each within "
+          "--timeout); empty: unary in the closed and open loops, session in the control loop");
 ABSL_FLAG(int64_t, batch, 1, "rows per request");
 ABSL_FLAG(std::string, outputs, "velocity", "comma-separated outputs to ask for");
 ABSL_FLAG(std::string, wire_dtype, "float32", "float32 | bfloat16 | float16 outputs");
@@ -73,9 +78,11 @@ absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const wire::StepDims& dims, i
 // Everything the request loops share.
 class LoadRun {
  public:
-  LoadRun(std::vector<std::unique_ptr<Client>> clients, std::vector<MixEntry> mix)
+  LoadRun(std::vector<std::unique_ptr<Client>> clients, std::vector<MixEntry> mix,
+          Transport transport)
       : clients_(std::move(clients)),
         mix_(std::move(mix)),
+        transport_(transport),
         start_(absl::Now()),
         measure_from_(start_ + absl::GetFlag(FLAGS_warmup)),
         end_(measure_from_ + absl::GetFlag(FLAGS_duration)),
@@ -93,11 +100,18 @@ class LoadRun {
     return issued_.fetch_add(1) < limit_;
   }
 
-  // Sends one request of the mix, due at `due`, and records it.
-  void Send(absl::Time due, std::mt19937_64& rng) {
+  // Caller `i`'s transport, on connection i mod the connections; its calls and stream end one
+  // --timeout after the run at the latest.
+  StepCaller Caller(int i) const {
+    StepCaller caller(*clients_[i % clients_.size()], transport_, absl::GetFlag(FLAGS_timeout));
+    caller.set_hard_end(end_ + absl::GetFlag(FLAGS_timeout));
+    return caller;
+  }
+
+  // Sends one request of the mix, due at `due`, through `caller`, and records it.
+  void Send(absl::Time due, std::mt19937_64& rng, StepCaller& caller) {
     const MixEntry& e = mix_[Pick(rng)];
-    const Client& c = *clients_[next_client_.fetch_add(1) % clients_.size()];
-    const absl::StatusOr<StepReply> r = c.Step(e.request, absl::GetFlag(FLAGS_timeout));
+    const absl::StatusOr<StepReply> r = caller.Step(e.request);
     Sample s{due, absl::Now() - due, r.status().code(), 0, 0, e.name};
     if (r.ok()) {
       s.queue_us = r->header.queue_us();
@@ -111,7 +125,9 @@ class LoadRun {
     for (int i = 0; i < callers; ++i) {
       threads.emplace_back([this, i] {
         std::mt19937_64 rng(i);
-        for (absl::Time t = absl::Now(); Admit(t); t = absl::Now()) Send(t, rng);
+        StepCaller caller = Caller(i);
+        for (absl::Time t = absl::Now(); Admit(t); t = absl::Now()) Send(t, rng, caller);
+        caller.Close();
       });
     }
     for (std::thread& t : threads) t.join();
@@ -122,17 +138,19 @@ class LoadRun {
     for (int i = 0; i < max_in_flight; ++i) {
       workers.emplace_back([this, i] {
         std::mt19937_64 rng(i);
+        StepCaller caller = Caller(i);
         while (true) {
           absl::Time due;
           {
             absl::MutexLock lock(&mu_);
             mu_.Await(absl::Condition(this, &LoadRun::HasWorkOrDone));
-            if (due_.empty()) return;
+            if (due_.empty()) break;
             due = due_.front();
             due_.pop_front();
           }
-          Send(due, rng);
+          Send(due, rng, caller);
         }
+        caller.Close();
       });
     }
     std::mt19937_64 rng(12345);
@@ -167,11 +185,11 @@ class LoadRun {
 
   const std::vector<std::unique_ptr<Client>> clients_;
   const std::vector<MixEntry> mix_;
+  const Transport transport_;
   const absl::Time start_, measure_from_, end_;
   const int64_t limit_;
   Recorder recorder_;
   std::atomic<int64_t> issued_{0};
-  std::atomic<size_t> next_client_{0};
   absl::Mutex pick_mu_;
   std::discrete_distribution<size_t> pick_ ABSL_GUARDED_BY(pick_mu_);
   absl::Mutex mu_;
@@ -294,28 +312,28 @@ absl::Status Run(const std::string& command_line) {
   const int connections = absl::GetFlag(FLAGS_connections);
   const double rate = absl::GetFlag(FLAGS_rate);
   const std::string arrival = absl::GetFlag(FLAGS_arrival);
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < connections; ++i) {
-    ClientOptions o = ClientOptionsFromFlags();
-    o.max_attempts = 1;  // every failure shows in the report
-    o.own_connection = true;
-    PRAXIS_ASSIGN_OR_RETURN(auto c, Client::Create(absl::GetFlag(FLAGS_address), o));
-    clients.push_back(std::move(c));
-  }
+  PRAXIS_ASSIGN_OR_RETURN(const Transport transport,
+                          ParseTransport(absl::GetFlag(FLAGS_transport), Transport::kUnary));
+  const int callers =
+      rate > 0 ? absl::GetFlag(FLAGS_max_in_flight) : absl::GetFlag(FLAGS_concurrency);
+  PRAXIS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Client>> clients,
+                          LoadClients(absl::GetFlag(FLAGS_address), ClientOptionsFromFlags(),
+                                      connections, transport == Transport::kSession ? callers : 0));
   PRAXIS_ASSIGN_OR_RETURN(const wire::StepDims dims, ServedDims(*clients[0]));
   PRAXIS_ASSIGN_OR_RETURN(std::vector<MixEntry> mix,
                           MixFromFlags(dims, absl::GetFlag(FLAGS_batch)));
   std::cerr << absl::StrFormat(
-      "praxis-load: %s, %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
+      "praxis-load: %s, %s over %s, %d connection(s), mix of %d, warm-up %s, duration %s%s\n",
       absl::GetFlag(FLAGS_address),
       rate > 0 ? absl::StrFormat("open loop %.1f req/s (%s)", rate, arrival)
                : absl::StrFormat("closed loop x%d", absl::GetFlag(FLAGS_concurrency)),
-      connections, mix.size(), absl::FormatDuration(absl::GetFlag(FLAGS_warmup)),
+      TransportName(transport), clients.size(), mix.size(),
+      absl::FormatDuration(absl::GetFlag(FLAGS_warmup)),
       absl::FormatDuration(absl::GetFlag(FLAGS_duration)),
       absl::GetFlag(FLAGS_requests) > 0
           ? absl::StrCat(", at most ", absl::GetFlag(FLAGS_requests), " requests")
           : "");
-  LoadRun run(std::move(clients), std::move(mix));
+  LoadRun run(std::move(clients), std::move(mix), transport);
   std::atomic<bool> done{false};
   std::thread progress([&] { Progress(run, done); });
   if (rate > 0) {

@@ -16,25 +16,26 @@
 namespace praxis::client {
 namespace {
 
-// The server admits 64 concurrent streams per connection by default
-// (--max_streams_per_connection); a fleet keeps well below that on each of its connections.
-constexpr int kStreamsPerConnection = 32;
-
 // One robot's side of the wire: its Session per pass slot (or unary calls) and its requests.
 // Used by the robot's thread only, but the separate passes of a step run on helper threads, one
 // slot each, joined before the next step. Not thread-safe otherwise.
 class RobotWorker {
  public:
   RobotWorker(const Client& client, const RobotLayout& layout, const FleetOptions& options)
-      : client_(client),
-        layout_(layout),
+      : layout_(layout),
         options_(options),
-        slots_(options.pass_mode == PassMode::kBatched ? 1 : options.loop.passes),
-        sessions_(slots_) {}
+        slots_(options.pass_mode == PassMode::kBatched ? 1 : options.loop.passes) {
+    callers_.reserve(slots_);
+    for (int i = 0; i < slots_; ++i) {
+      callers_.emplace_back(client, options.transport, options.call_timeout);
+    }
+  }
 
   // Streams and unary calls end at `hard_end`, one buffer period after the measured window: a
   // measured call still running then was late anyway, and is counted failed (DEADLINE_EXCEEDED).
-  void set_hard_end(absl::Time t) { hard_end_ = t; }
+  void set_hard_end(absl::Time t) {
+    for (StepCaller& c : callers_) c.set_hard_end(t);
+  }
 
   // One control call timed from call.due: `steps` steps, each step's passes together.
   void Call(CallRecord& call) {
@@ -54,10 +55,7 @@ class RobotWorker {
 
   // Half-closes and drops the robot's streams; the next call opens new ones.
   void Close() {
-    for (std::unique_ptr<Session>& s : sessions_) {
-      if (s) s->Close().IgnoreError();
-      s.reset();
-    }
+    for (StepCaller& c : callers_) c.Close();
   }
 
  private:
@@ -79,7 +77,7 @@ class RobotWorker {
   MessageRecord Send(int slot, const v1::StepRequest& request, int step, int pass,
                      absl::Time intended) {
     MessageRecord m{.step = step, .pass = pass, .intended = intended, .sent = absl::Now()};
-    absl::StatusOr<StepReply> r = Forward(slot, request);
+    absl::StatusOr<StepReply> r = callers_[slot].Step(request);
     m.done = absl::Now();
     m.code = r.status().code();
     if (r.ok()) {
@@ -90,24 +88,10 @@ class RobotWorker {
     return m;
   }
 
-  absl::StatusOr<StepReply> Forward(int slot, const v1::StepRequest& request) {
-    if (options_.transport == Transport::kUnary) {
-      const absl::Duration left = std::min(options_.call_timeout, hard_end_ - absl::Now());
-      return client_.Step(request, std::max(left, absl::Milliseconds(1)));
-    }
-    std::unique_ptr<Session>& session = sessions_[slot];
-    if (!session) session = client_.OpenSession(hard_end_ - absl::Now());
-    absl::StatusOr<StepReply> r = session->Step(request);
-    if (!r.ok()) session.reset();  // a failed step may have broken the stream: start afresh
-    return r;
-  }
-
-  const Client& client_;
   const RobotLayout& layout_;
   const FleetOptions& options_;
   const int slots_;
-  std::vector<std::unique_ptr<Session>> sessions_;
-  absl::Time hard_end_ = absl::InfiniteFuture();
+  std::vector<StepCaller> callers_;  // one per pass slot
 };
 
 // Each robot's layout index and schedule phase, drawn from the seed.
@@ -132,17 +116,7 @@ std::vector<RobotDraw> DrawRobots(int robots, const FleetOptions& o) {
 
 absl::StatusOr<std::vector<std::unique_ptr<Client>>> Connect(int robots, const FleetOptions& o) {
   const int streams_per_robot = o.pass_mode == PassMode::kBatched ? 1 : o.loop.passes;
-  const int needed =
-      (robots * streams_per_robot + kStreamsPerConnection - 1) / kStreamsPerConnection;
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < std::max(o.min_connections, needed); ++i) {
-    ClientOptions c = o.client;
-    c.max_attempts = 1;
-    c.own_connection = true;
-    PRAXIS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(o.address, c));
-    clients.push_back(std::move(client));
-  }
-  return clients;
+  return LoadClients(o.address, o.client, o.min_connections, robots * streams_per_robot);
 }
 
 // Prints the progress line every interval until `done`.
@@ -166,13 +140,6 @@ absl::StatusOr<PassMode> ParsePassMode(const std::string& name) {
   if (name == "separate") return PassMode::kSeparate;
   return absl::InvalidArgumentError(
       absl::StrCat("--pass_mode: expected batched or separate, got \"", name, "\""));
-}
-
-absl::StatusOr<Transport> ParseTransport(const std::string& name) {
-  if (name == "session") return Transport::kSession;
-  if (name == "unary") return Transport::kUnary;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--transport: expected session or unary, got \"", name, "\""));
 }
 
 absl::Status FleetOptions::Validate() const {
@@ -260,7 +227,7 @@ class Fleet {
     info.robots = robots_;
     info.loop = options_.loop;
     info.pass_mode = options_.pass_mode == PassMode::kBatched ? "batched" : "separate";
-    info.transport = options_.transport == Transport::kSession ? "session" : "unary";
+    info.transport = TransportName(options_.transport);
     info.connections = static_cast<int>(clients_.size());
     info.warmup = options_.warmup;
     info.seed = options_.seed;

@@ -20,13 +20,9 @@ namespace praxis::client {
 // How the passes of one step travel: one request of `passes` rows, or `passes` one-row requests
 // sent at the same time (one Session per pass, or concurrent unary calls).
 enum class PassMode { kBatched, kSeparate };
-// A robot's calls: on its Session stream(s), or as unary Step calls.
-enum class Transport { kSession, kUnary };
 
-// "batched" | "separate" (--pass_mode), "session" | "unary" (--transport); InvalidArgument naming
-// the flag otherwise.
+// "batched" | "separate" (--pass_mode); InvalidArgument naming the flag otherwise.
 absl::StatusOr<PassMode> ParsePassMode(const std::string& name);
-absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
 // One layout a robot may have: its request with every pass as a row, and with one row.
 struct RobotLayout {

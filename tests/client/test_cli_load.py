@@ -6,6 +6,7 @@ PRAXIS_SOURCE_DIR. Each test fails, never skips, when a binary is missing.
 import json
 import os
 import subprocess
+import urllib.request
 
 import numpy as np
 import pytest
@@ -99,6 +100,33 @@ def test_load_closed_loop(server, tmp_path):
     assert set(j["layouts"]) == {"16,4,4,2,1", "8,2,2,1,1,enc"}
     lat = j["latency_ms"]
     assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+
+
+def metric(text, name, **labels):
+    """The value of `name`{labels} in a Prometheus text page; 0 when absent."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.startswith(name + "{") and ",".join(sorted(head[len(name) + 1:-1].split(","))) == want:
+            return float(value)
+    return 0.0
+
+
+@pytest.mark.parametrize("mode", [("--concurrency=3",), ("--rate=30", "--max_in_flight=3")])
+def test_load_over_sessions(tmp_path, mode):
+    """--transport=session: every step of the run travels on a caller's Session, none as a Step."""
+    s = Server("--metrics_port=0")
+    try:
+        j = load_report(tmp_path, s.address, "--duration=1s", "--transport=session", *mode)
+        assert j["ok"] > 0 and j["errors"] == 0, j["codes"]
+        page = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics").read().decode()
+        # the run's steps, its warm-up's, and none as a unary call
+        assert metric(page, "praxis_requests_total", code="OK", method="Session") >= j["ok"]
+        assert metric(page, "praxis_requests_total", code="OK", method="Step") == 0
+        r = run(LOAD, f"--address={s.address}", "--duration=1s", "--transport=stream")
+        assert r.returncode != 0 and '--transport: expected session or unary, got "stream"' in r.stderr
+    finally:
+        s.stop()
 
 
 def test_load_open_loop_with_a_request_budget(server, tmp_path):
