@@ -17,6 +17,7 @@
 #include "common/shared_lru_cache.h"
 #include "model/attention.h"
 #include "model/config.h"
+#include "model/cpu_kernels.h"
 #include "model/layers.h"
 #include "model/mask_cache.h"
 #include "model/step.h"
@@ -34,6 +35,9 @@ struct BackboneOptions {
   AttentionMode attention = AttentionMode::kSparse;
   int64_t mask_cache_entries = 64;
   int64_t mask_cache_bytes = int64_t{256} << 20;
+  // Whether a 16-bit model on the CPU is computed in float32 (VideoBackbone::compute_dtype); by
+  // default where ReducedGemmInFloat32 says its dtype's GEMM is emulated or the slower one.
+  std::optional<bool> cpu_float32_compute = std::nullopt;
 };
 
 // What a step needs besides its tensors, a function of its layout key alone and decided on the
@@ -101,11 +105,16 @@ class VideoBackbone {
   const MaskCache& mask_cache() const { return mask_cache_; }
   // Hits, misses and size of the layout-plan cache.
   CacheStats plan_cache_stats() const { return plans_.stats(); }
-  // The dtype of the parameters (and of the float outputs).
+  // The dtype of the parameters as loaded (the config's).
   torch::ScalarType dtype() const;
+  // The dtype the model computes in and returns its float outputs in: dtype(), or float32 for a
+  // 16-bit model on a CPU whose 16-bit GEMM is emulated or the slower one (ReducedGemmInFloat32),
+  // where its weights are converted at Create within cpu::SetFloat32WeightBudget's bytes.
+  torch::ScalarType compute_dtype() const;
 
  private:
-  VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w);
+  VideoBackbone(BackboneConfig config, BackboneOptions options, std::unique_ptr<BackboneWeights> w,
+                std::optional<cpu::Float32WeightHold> float32_hold);
   // PlanLayout's builder: masks from the mask cache, tables computed.
   absl::StatusOr<LayoutPlan> BuildPlan(const StepInputs& inputs);
   // The cached mask (and attention plan or dense mask) of a tower layout.
@@ -114,6 +123,7 @@ class VideoBackbone {
   const BackboneConfig config_;
   const BackboneOptions options_;
   std::unique_ptr<BackboneWeights> w_;
+  std::optional<cpu::Float32WeightHold> float32_hold_;  // w_'s float32 bytes, when converted
   MaskCache mask_cache_;
   SharedLruCache<std::string, LayoutPlan> plans_;  // by wire::LayoutKey
 };

@@ -1314,6 +1314,19 @@ class Float32Copies {
     budget_ = bytes;
   }
 
+  // Counts `bytes` of float32 weights held elsewhere against the budget; false (nothing counted)
+  // when they do not fit beside the copies and the other holds.
+  bool Hold(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    if (held_ + bytes > budget_) return false;
+    held_ += bytes;
+    return true;
+  }
+  void Release(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    held_ -= bytes;
+  }
+
   static Float32Copies& Get() {
     static Float32Copies* const copies = new Float32Copies();  // never destroyed: outlives models
     return *copies;
@@ -1327,7 +1340,7 @@ class Float32Copies {
   };
   absl::Mutex mu_;
   std::map<Key, Entry> copies_ ABSL_GUARDED_BY(mu_);
-  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the copies in copies_
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the copies in copies_, and of the holds
   int64_t budget_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 30;
 };
 
@@ -1354,5 +1367,14 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }
+
+std::optional<Float32WeightHold> HoldFloat32WeightBytes(int64_t bytes) {
+  if (!Float32Copies::Get().Hold(bytes)) return std::nullopt;
+  return Float32WeightHold(bytes);
+}
+
+Float32WeightHold::~Float32WeightHold() {
+  if (bytes_ > 0) Float32Copies::Get().Release(bytes_);
+}
 
 }  // namespace praxis::model::cpu

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace praxis::model::cpu {
@@ -145,5 +147,27 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
 // the server's --max_float32_weight_bytes): the copies cost float32's memory on top of the 16-bit
 // weights. Copies already made stay. Thread-safe.
 void SetFloat32WeightBudget(int64_t bytes);
+
+// Bytes of float32 weights counted against SetFloat32WeightBudget's budget beside
+// MatmulViaFloat32's copies, for as long as the hold lives: a 16-bit model converted to float32
+// at load holds its float32 bytes. Move-only; its destructor gives the bytes back (thread-safe).
+class Float32WeightHold {
+ public:
+  Float32WeightHold(Float32WeightHold&& other) noexcept : bytes_(std::exchange(other.bytes_, 0)) {}
+  Float32WeightHold& operator=(Float32WeightHold&& other) noexcept {
+    std::swap(bytes_, other.bytes_);  // `other` gives back what this held
+    return *this;
+  }
+  ~Float32WeightHold();
+
+ private:
+  friend std::optional<Float32WeightHold> HoldFloat32WeightBytes(int64_t bytes);
+  explicit Float32WeightHold(int64_t bytes) : bytes_(bytes) {}
+  int64_t bytes_;
+};
+
+// A hold of `bytes`, or nullopt when they do not fit beside the copies and the other holds.
+// Thread-safe.
+std::optional<Float32WeightHold> HoldFloat32WeightBytes(int64_t bytes);
 
 }  // namespace praxis::model::cpu

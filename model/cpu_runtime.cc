@@ -121,7 +121,7 @@ bool ReducedGemmInFloat32(torch::ScalarType dtype) {
 }
 
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                bool gemm_in_float32, bool* slow) {
+                                Float32Path path, bool* slow) {
   std::vector<std::string> units;
   if (isa.amx_bf16) units.push_back("AMX-BF16");
   if (isa.amx_fp16) units.push_back("AMX-FP16");
@@ -131,24 +131,36 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
   const std::string name = dtype == torch::kBFloat16 ? "bfloat16" : "float16";
   const std::string measured =
       matmul_speedup > 0 ? absl::StrFormat(" (measured %.2fx float32's rate)", matmul_speedup) : "";
+  const std::string in_float32 =
+      absl::StrCat("the model is computed in float32 (its ", name, " weights converted at load)");
   std::string implies;
   *slow = false;
   if (dtype == torch::kFloat32) {
     implies = "float32";
   } else if (!HasUnitsFor(isa, dtype)) {
-    *slow = true;
-    implies = absl::StrCat(name, " has no hardware path here and is emulated",
-                           gemm_in_float32 ? " (its matmuls run on the float32 GEMM)" : "",
-                           ": expect it several times slower than float32 (--dtype=float32)");
+    if (path == Float32Path::kModel) {
+      implies = absl::StrCat(name, " has no hardware path here: ", in_float32);
+    } else {
+      *slow = true;
+      implies = absl::StrCat(
+          name, " has no hardware path here and is emulated",
+          path == Float32Path::kMatmuls ? " (its matmuls run on the float32 GEMM)" : "",
+          ": expect it several times slower than float32 (--dtype=float32)");
+    }
   } else if (matmul_speedup > 0 && matmul_speedup < 1) {
     // AVX512-BF16 without AMX on a Xeon: vdpbf16ps measured 1.4x the FMA's multiply-adds per
     // second there, and oneDNN's bf16 GEMM 0.48-0.58x LibTorch's float32 one (stop 26).
-    *slow = !gemm_in_float32;
-    implies = gemm_in_float32
-                  ? absl::StrCat(name, " matmuls run on the float32 GEMM here: LibTorch's ", name,
-                                 " GEMM is the slower one", measured)
-                  : absl::StrCat(name, " matmuls are slower than float32's here", measured,
-                                 ": expect ", name, " steps slower than float32 (--dtype=float32)");
+    *slow = path == Float32Path::kNone;
+    const std::string slower =
+        absl::StrCat("LibTorch's ", name, " GEMM is the slower one here", measured);
+    if (path == Float32Path::kModel) {
+      implies = absl::StrCat(slower, ": ", in_float32);
+    } else if (path == Float32Path::kMatmuls) {
+      implies = absl::StrCat(slower, ": its matmuls run on the float32 GEMM");
+    } else {
+      implies = absl::StrCat(name, " matmuls are slower than float32's here", measured, ": expect ",
+                             name, " steps slower than float32 (--dtype=float32)");
+    }
   } else if (dtype == torch::kBFloat16) {
     // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
     // for heads wider than cpu::kNarrowHeadDim; without AMX they stay float32 FMAs.

@@ -62,11 +62,18 @@ double MatmulSpeedup(torch::ScalarType dtype);
 // once, overrides it for benchmarks. Thread-safe.
 bool ReducedGemmInFloat32(torch::ScalarType dtype);
 
+// Where a 16-bit model's work runs in float32 on a CPU (ReducedGemmInFloat32 says whether any).
+enum class Float32Path {
+  kNone,     // in its own dtype throughout
+  kMatmuls,  // its matmuls on the float32 GEMM (cpu::MatmulViaFloat32), the rest in its dtype
+  kModel,    // all of it: the weights converted at load (VideoBackbone::compute_dtype)
+};
+
 // One line for the start-up log: the CPU, its units, and what running in `dtype` implies on it,
-// given `matmul_speedup` (MatmulSpeedup; 0: not measured) and `gemm_in_float32`
-// (ReducedGemmInFloat32). `slow` is set when the dtype is emulated here, or its matmuls measured
-// slower than float32's and still run in it.
+// given `matmul_speedup` (MatmulSpeedup; 0: not measured) and the model's float32 `path`. `slow`
+// is set when the dtype is emulated here, or its matmuls measured slower than float32's, and the
+// model still runs in it.
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                bool gemm_in_float32, bool* slow);
+                                Float32Path path, bool* slow);
 
 }  // namespace praxis::model

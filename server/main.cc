@@ -75,8 +75,9 @@ ABSL_FLAG(std::string, answer_pipeline, "auto",
           "(cuda's default), off where they take every core (measured slower on a 2-core CPU: the "
           "answering thread takes the model's cores)");
 ABSL_FLAG(int64_t, max_float32_weight_bytes, int64_t{1} << 30,
-          "bytes of float32 copies of 16-bit matmul weights the CPU may keep where LibTorch's "
-          "16-bit GEMM is the slower one (the start-up line says); weights beyond run on it");
+          "bytes of float32 weights the CPU may hold where LibTorch's 16-bit GEMM is emulated or "
+          "the slower one (the start-up line says): a bf16/fp16 model within it is computed in "
+          "float32; beyond it, float32 copies of its matmul weights fill what is left");
 ABSL_FLAG(int64_t, max_queue_requests, 1024, "queued requests beyond which RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queue_bytes, int64_t{1} << 30, "queued input bytes beyond which the same");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload (>= 8)");
@@ -244,8 +245,12 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
                             " MiB, compute capability ", p->major, ".", p->minor);
   } else {
     const torch::ScalarType dtype = loaded.model->dtype();
+    const model::Float32Path path =
+        loaded.model->compute_dtype() != dtype ? model::Float32Path::kModel
+        : model::ReducedGemmInFloat32(dtype)   ? model::Float32Path::kMatmuls
+                                               : model::Float32Path::kNone;
     *compute = model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
-                                          model::ReducedGemmInFloat32(dtype), &slow);
+                                          path, &slow);
   }
   (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << *compute
                                  << std::endl;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/checkpoint.h"
+#include "model/cpu_kernels.h"
 #include "model/step_runner.h"
 #include "model/step_validation.h"
 #include "wire/safetensors.h"
@@ -170,6 +171,54 @@ TEST(BackboneTest, ChunkCausalityThroughTheWholeBackbone) {
   in.text = base.text + 1.0;
   const torch::Tensor v = model->Forward(in)->velocity;
   for (int64_t i = 0; i < k; ++i) EXPECT_FALSE(torch::equal(Chunk(v, i, f), Chunk(v0, i, f)));
+}
+
+// A 16-bit model computed in float32 (a CPU whose 16-bit GEMM is the slower one) is exactly the
+// float32 model of its rounded weights, returns float32, and still says its own dtype; its float32
+// bytes count against the float32 weight budget while it lives, and a model that would not fit
+// stays in its dtype.
+TEST(BackboneTest, ASixteenBitModelComputedInFloat32IsTheFloat32ModelOfItsWeights) {
+  absl::StatusOr<Checkpoint> bf16 =
+      LoadCheckpoint(TinyDir() + "/model", CheckpointOptions{.dtype = torch::kBFloat16});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  BackboneConfig f32_config = bf16->config;
+  f32_config.dtype = "float32";
+  TensorMap f32_weights;
+  int64_t f32_bytes = 0;
+  for (const auto& [name, t] : bf16->tensors) {
+    if (t.scalar_type() == torch::kBFloat16) f32_bytes += t.numel() * 4;
+    f32_weights.emplace(name, t.to(torch::kFloat32));
+  }
+  auto reference = VideoBackbone::Create(f32_config, f32_weights, {});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  cpu::SetFloat32WeightBudget(f32_bytes);
+  auto converted =
+      VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = true});
+  auto over_budget =
+      VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = true});
+  auto kept = VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = false});
+  ASSERT_TRUE(converted.ok() && over_budget.ok() && kept.ok());
+  EXPECT_EQ((*converted)->dtype(), torch::kBFloat16);
+  EXPECT_EQ((*converted)->compute_dtype(), torch::kFloat32);
+  EXPECT_EQ((*over_budget)->compute_dtype(), torch::kBFloat16);  // the budget was held
+  EXPECT_EQ((*kept)->compute_dtype(), torch::kBFloat16);
+
+  const StepInputs in = RandomStep(2, 2, 2, 3, 4, 5, 11);
+  auto want = (*reference)->Forward(in);
+  auto got = (*converted)->Forward(in);
+  auto rounded = (*kept)->Forward(in);
+  ASSERT_TRUE(want.ok() && got.ok() && rounded.ok());
+  EXPECT_EQ(got->velocity.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(got->velocity, want->velocity));
+  EXPECT_TRUE(torch::equal(got->cond, want->cond));
+  EXPECT_EQ(rounded->velocity.scalar_type(), torch::kBFloat16);
+  EXPECT_LE(MaxAbsDiff(rounded->velocity, want->velocity), 0.1);
+
+  converted->reset();  // gives its bytes back
+  auto again = VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = true});
+  cpu::SetFloat32WeightBudget(int64_t{1} << 30);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->compute_dtype(), torch::kFloat32);
 }
 
 TEST(BackboneTest, RowOfABatchEqualsTheSameInputRunAlone) {
