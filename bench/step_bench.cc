@@ -32,7 +32,10 @@ ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory (config.json + safe
 ABSL_FLAG(std::string, config, "",
           "with no --checkpoint: a config.json with praxis-server's random weights (seed 0); "
           "neither: the embedded tiny model");
-ABSL_FLAG(std::string, dtype, "", "parameter dtype to convert to at load (default: the file's)");
+ABSL_FLAG(
+    std::string, dtype, "",
+    "parameter dtype to convert to at load (default: the file's); a 16-bit one is computed "
+    "in float32 where its GEMM is the slower one (PRAXIS_REDUCED_GEMM_IN_FLOAT32=0 keeps it)");
 ABSL_FLAG(std::string, attention, "sparse", "sparse | dense (praxis-server's --attention)");
 ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, timesteps, ...)");
 ABSL_FLAG(std::string, layout, "",

@@ -55,8 +55,8 @@ VideoBackbone::VideoBackbone(BackboneConfig config, BackboneOptions options,
                              std::optional<cpu::Float32WeightHold> float32_hold)
     : config_(std::move(config)),
       options_(options),
-      w_(std::move(w)),
       float32_hold_(std::move(float32_hold)),
+      w_(std::move(w)),
       mask_cache_(options.mask_cache_entries, options.mask_cache_bytes),
       plans_("a layout plan", options.mask_cache_entries, options.mask_cache_bytes) {}
 
@@ -79,7 +79,8 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     std::optional<cpu::Float32WeightHold> hold;
     TensorMap converted;
     if (options.device.is_cpu() && (dt == torch::kBFloat16 || dt == torch::kFloat16) &&
-        options.cpu_float32_compute.value_or(ReducedGemmInFloat32(dt))) {
+        (options.cpu_float32_compute.has_value() ? *options.cpu_float32_compute
+                                                 : ReducedGemmInFloat32(dt))) {
       int64_t bytes = 0;
       for (const auto& [name, t] : weights) {
         if (t.scalar_type() == dt) bytes += t.numel() * int64_t{sizeof(float)};
@@ -152,7 +153,8 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> VideoBackbone::Mask(const MaskK
     PRAXIS_ASSIGN_OR_RETURN(BlockMask block, BuildBlockMask(rule, tags, tags, key.block_size));
     TowerMask m{std::move(block), {}, {}};
     if (options_.attention == AttentionMode::kSparse) {
-      m.plan = BuildAttentionPlan(m.block, rule, options_.device, dtype(), config_.head_dim());
+      m.plan =
+          BuildAttentionPlan(m.block, rule, options_.device, compute_dtype(), config_.head_dim());
     } else {
       m.dense = DenseMask(rule, tags.length(), tags.length()).to(options_.device);
     }

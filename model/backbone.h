@@ -122,8 +122,9 @@ class VideoBackbone {
 
   const BackboneConfig config_;
   const BackboneOptions options_;
+  // w_'s float32 bytes, when converted; declared first so that it is given back after w_ is freed.
+  std::optional<cpu::Float32WeightHold> float32_hold_;
   std::unique_ptr<BackboneWeights> w_;
-  std::optional<cpu::Float32WeightHold> float32_hold_;  // w_'s float32 bytes, when converted
   MaskCache mask_cache_;
   SharedLruCache<std::string, LayoutPlan> plans_;  // by wire::LayoutKey
 };

@@ -1296,11 +1296,7 @@ class Float32Copies {
     absl::MutexLock lock(&mu_);
     auto it = copies_.find(key);
     if (it != copies_.end() && !it->second.storage.expired()) return it->second.f32;
-    std::erase_if(copies_, [this](const auto& entry) {
-      if (!entry.second.storage.expired()) return false;
-      held_ -= entry.second.f32.nbytes();
-      return true;
-    });
+    DropExpired();
     const int64_t bytes = w.numel() * static_cast<int64_t>(sizeof(float));
     if (held_ + bytes > budget_) return {};
     torch::Tensor f32 = w.to(torch::kFloat32);
@@ -1318,6 +1314,7 @@ class Float32Copies {
   // when they do not fit beside the copies and the other holds.
   bool Hold(int64_t bytes) {
     absl::MutexLock lock(&mu_);
+    DropExpired();
     if (held_ + bytes > budget_) return false;
     held_ += bytes;
     return true;
@@ -1333,6 +1330,15 @@ class Float32Copies {
   }
 
  private:
+  // Forgets the copies whose 16-bit weight is gone (its model unloaded), giving back their bytes.
+  void DropExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::erase_if(copies_, [this](const auto& entry) {
+      if (!entry.second.storage.expired()) return false;
+      held_ -= entry.second.f32.nbytes();
+      return true;
+    });
+  }
+
   using Key = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>>;
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;

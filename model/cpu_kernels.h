@@ -143,9 +143,10 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b = {},
                                std::optional<torch::ScalarType> out = std::nullopt);
 
-// The most bytes MatmulViaFloat32's float32 copies may hold, all models together (default 1 GiB,
-// the server's --max_float32_weight_bytes): the copies cost float32's memory on top of the 16-bit
-// weights. Copies already made stay. Thread-safe.
+// The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
+// server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the
+// 16-bit weights) and the Float32WeightHolds of models converted at load (in place of them).
+// Copies and holds already made stay. Thread-safe.
 void SetFloat32WeightBudget(int64_t bytes);
 
 // Bytes of float32 weights counted against SetFloat32WeightBudget's budget beside

@@ -161,6 +161,8 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
       implies = absl::StrCat(name, " matmuls are slower than float32's here", measured, ": expect ",
                              name, " steps slower than float32 (--dtype=float32)");
     }
+  } else if (path == Float32Path::kModel) {  // forced (PRAXIS_REDUCED_GEMM_IN_FLOAT32=1)
+    implies = absl::StrCat(in_float32, measured);
   } else if (dtype == torch::kBFloat16) {
     // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
     // for heads wider than cpu::kNarrowHeadDim; without AMX they stay float32 FMAs.

@@ -40,7 +40,8 @@ class StepResponder {
  private:
   struct Output {
     std::string name;
-    torch::Tensor flat;  // contiguous, 1-D, on the host, in the model's dtype; may view a batch
+    torch::Tensor
+        flat;  // contiguous, 1-D, on the host, in the model's compute dtype; may view a batch
     torch::ScalarType wire;
   };
   enum class Stage { kHeader, kChunks, kTrailer, kDone };

@@ -31,7 +31,9 @@ ABSL_FLAG(std::string, out, "",
           "safetensors to write: velocity, cond, tap.N, embeddings, positions");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | cuda:N");
 ABSL_FLAG(std::string, dtype, "",
-          "parameter dtype to convert to at load (default: the checkpoint's)");
+          "parameter dtype to convert to at load (default: the checkpoint's); a 16-bit one is "
+          "computed, and written, in float32 where its GEMM is the slower one "
+          "(PRAXIS_REDUCED_GEMM_IN_FLOAT32=0 keeps it)");
 ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
 ABSL_FLAG(std::string, rope_shifts, "0,0,0,0",
           "encoder anchor, encoder text, encoder video, decoder");

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "model/checkpoint.h"
 #include "model/cpu_kernels.h"
+#include "model/random_weights.h"
 #include "model/step_runner.h"
 #include "model/step_validation.h"
 #include "wire/safetensors.h"
@@ -192,6 +194,7 @@ TEST(BackboneTest, ASixteenBitModelComputedInFloat32IsTheFloat32ModelOfItsWeight
   auto reference = VideoBackbone::Create(f32_config, f32_weights, {});
   ASSERT_TRUE(reference.ok()) << reference.status();
   cpu::SetFloat32WeightBudget(f32_bytes);
+  absl::Cleanup restore = [] { cpu::SetFloat32WeightBudget(int64_t{1} << 30); };
   auto converted =
       VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = true});
   auto over_budget =
@@ -216,9 +219,31 @@ TEST(BackboneTest, ASixteenBitModelComputedInFloat32IsTheFloat32ModelOfItsWeight
 
   converted->reset();  // gives its bytes back
   auto again = VideoBackbone::Create(bf16->config, bf16->tensors, {.cpu_float32_compute = true});
-  cpu::SetFloat32WeightBudget(int64_t{1} << 30);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)->compute_dtype(), torch::kFloat32);
+}
+
+// Its attention plans are float32's too: at head dim 64 a float16 model plans key groups and
+// biases (TileAttention takes float16 only up to cpu::kNarrowHeadDim), the same model computed in
+// float32 plans TileAttention's tiles, as the float32 model does.
+TEST(BackboneTest, AModelComputedInFloat32PlansItsAttentionInFloat32) {
+  absl::StatusOr<Checkpoint> tiny = LoadCheckpoint(TinyDir() + "/model", CheckpointOptions{});
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  BackboneConfig c = tiny->config;
+  c.dtype = "float16";
+  c.num_heads = c.num_kv_heads = 1;
+  ASSERT_EQ(c.head_dim(), 64);
+  const TensorMap weights = RandomWeights(c, 3);
+  auto converted = VideoBackbone::Create(c, weights, {.cpu_float32_compute = true});
+  auto kept = VideoBackbone::Create(c, weights, {.cpu_float32_compute = false});
+  ASSERT_TRUE(converted.ok() && kept.ok());
+  const StepInputs in = RandomStep(1, 2, 2, 3, 4, 5, 13);
+  auto f32_plan = (*converted)->PlanLayout(in);
+  auto f16_plan = (*kept)->PlanLayout(in);
+  ASSERT_TRUE(f32_plan.ok() && f16_plan.ok());
+  EXPECT_TRUE((*f32_plan)->enc_mask->plan.groups.empty());
+  EXPECT_FALSE((*f16_plan)->enc_mask->plan.groups.empty());
+  EXPECT_TRUE((*converted)->Forward(in).ok());
 }
 
 TEST(BackboneTest, RowOfABatchEqualsTheSameInputRunAlone) {
