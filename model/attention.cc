@@ -155,56 +155,96 @@ int64_t HeldBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
-// The segments TileAttention walks: each query tile's key tiles in key order, consecutive ones
-// merged, each with its allowed pairs (from `rule`) where a partial tile or the row padding is in
-// it.
-cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule) {
+// The segments TileAttention walks, in query tiles of shape.rows tokens (a divisor of the mask's
+// tile): for each, the groups of shape.key_group keys of its mask tile's key tiles that one of its
+// rows attends, in key order, consecutive ones merged into runs of at most kMaxSegmentTokens keys,
+// each with its allowed pairs (from `rule`) where a pair in it, or the row padding, is not allowed.
+cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule,
+                               const cpu::TileShape& shape) {
   using Tiles = cpu::AttentionTiles;
   Tiles tiles;
-  tiles.block = mask.block_size;
+  tiles.block = shape.rows;
   tiles.q_len = mask.q_len;
   tiles.kv_len = mask.kv_len;
   const int64_t bs = mask.block_size;
-  const int64_t max_tiles = std::max<int64_t>(1, Tiles::kMaxSegmentTokens / bs);
+  struct Group {
+    int64_t start = 0, length = 0;
+    const uint8_t* allowed = nullptr;  // its first column's allowed pairs (row stride ld), or null:
+                                       // every pair allowed
+    bool all = true;                   // every pair of the query tile's rows allowed
+  };
   tiles.first.push_back(0);
   for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
-    std::vector<std::pair<int32_t, bool>> entries;  // (key tile, partial)
-    for (int32_t j : RowTiles(mask.full_kv_num_blocks, mask.full_kv_indices, i)) {
-      entries.emplace_back(j, false);
-    }
-    for (int32_t j : RowTiles(mask.kv_num_blocks, mask.kv_indices, i))
-      entries.emplace_back(j, true);
-    std::sort(entries.begin(), entries.end());
+    const std::vector<int32_t> full = RowTiles(mask.full_kv_num_blocks, mask.full_kv_indices, i);
+    const std::vector<int32_t> partial = RowTiles(mask.kv_num_blocks, mask.kv_indices, i);
     const torch::Tensor q = TileTokens({static_cast<int32_t>(i)}, bs, mask.q_len);
-    for (size_t e = 0; e < entries.size();) {
-      // The run of consecutive key tiles from entries[e], at most max_tiles long.
-      size_t end = e + 1;
-      bool partial = entries[e].second;
-      while (end < entries.size() && entries[end].first == entries[end - 1].first + 1 &&
-             static_cast<int64_t>(end - e) < max_tiles) {
-        partial = partial || entries[end].second;
-        ++end;
-      }
-      Tiles::Segment seg;
-      seg.start = entries[e].first * bs;
-      seg.length = std::min(mask.kv_len, (entries[end - 1].first + 1) * bs) - seg.start;
-      const int64_t row = Tiles::MaskRow(seg.length);
-      if (partial || row != seg.length) {
-        const torch::Tensor allowed =
-            rule(q, torch::arange(seg.start, seg.start + seg.length, torch::kInt64))
-                .to(torch::kUInt8)
-                .contiguous();
-        seg.mask_at = static_cast<int64_t>(tiles.masks.size());
-        tiles.masks.resize(seg.mask_at + bs * row, 0);
-        for (int64_t r = 0; r < allowed.size(0); ++r) {
-          std::memcpy(tiles.masks.data() + seg.mask_at + r * row,
-                      allowed.data_ptr<uint8_t>() + r * seg.length, seg.length);
+    // The partial key tiles' allowed pairs, one rule call for all: [q rows, partial keys].
+    torch::Tensor allowed;
+    if (!partial.empty()) {
+      allowed = rule(q, TileTokens(partial, bs, mask.kv_len)).to(torch::kUInt8).contiguous();
+    }
+    const int64_t ld = allowed.defined() ? allowed.size(1) : 0;
+    std::vector<std::pair<int32_t, const uint8_t*>> key_tiles;  // (key tile, its allowed or null)
+    for (int32_t j : full) key_tiles.emplace_back(j, nullptr);
+    for (size_t p = 0; p < partial.size(); ++p) {
+      key_tiles.emplace_back(partial[p], allowed.data_ptr<uint8_t>() + p * bs);
+    }
+    std::sort(key_tiles.begin(), key_tiles.end());
+    for (int64_t r0 = 0; r0 < q.numel(); r0 += shape.rows) {
+      const int64_t rows = std::min(shape.rows, q.numel() - r0);
+      std::vector<Group> groups;  // the ones these rows attend, in key order
+      for (const auto& [j, pairs] : key_tiles) {
+        const int64_t end = std::min(mask.kv_len, (j + int64_t{1}) * bs);
+        for (int64_t g = j * bs; g < end; g += shape.key_group) {
+          Group grp{.start = g, .length = std::min(shape.key_group, end - g)};
+          bool any = pairs == nullptr;
+          if (pairs != nullptr) {
+            grp.allowed = pairs + (g - j * bs);
+            for (int64_t r = r0; r < r0 + rows; ++r) {
+              for (int64_t c = 0; c < grp.length; ++c) {
+                any = any || grp.allowed[r * ld + c] != 0;
+                grp.all = grp.all && grp.allowed[r * ld + c] != 0;
+              }
+            }
+          }
+          if (any) groups.push_back(grp);
         }
       }
-      tiles.segments.push_back(seg);
-      e = end;
+      for (size_t e = 0; e < groups.size();) {
+        // The run of consecutive groups from groups[e], at most kMaxSegmentTokens keys.
+        size_t end = e + 1;
+        bool all = groups[e].all;
+        while (end < groups.size() &&
+               groups[end].start == groups[end - 1].start + groups[end - 1].length &&
+               groups[end].start + groups[end].length - groups[e].start <=
+                   Tiles::kMaxSegmentTokens) {
+          all = all && groups[end].all;
+          ++end;
+        }
+        Tiles::Segment seg;
+        seg.start = groups[e].start;
+        seg.length = groups[end - 1].start + groups[end - 1].length - seg.start;
+        const int64_t row = Tiles::MaskRow(seg.length);
+        if (!all || row != seg.length) {
+          seg.mask_at = static_cast<int64_t>(tiles.masks.size());
+          tiles.masks.resize(seg.mask_at + shape.rows * row, 0);
+          for (size_t x = e; x < end; ++x) {
+            const Group& grp = groups[x];
+            for (int64_t r = 0; r < rows; ++r) {
+              uint8_t* out = tiles.masks.data() + seg.mask_at + r * row + (grp.start - seg.start);
+              if (grp.allowed == nullptr) {
+                std::fill_n(out, grp.length, 1);
+              } else {
+                std::memcpy(out, grp.allowed + (r0 + r) * ld, grp.length);
+              }
+            }
+          }
+        }
+        tiles.segments.push_back(seg);
+        e = end;
+      }
+      tiles.first.push_back(static_cast<int64_t>(tiles.segments.size()));
     }
-    tiles.first.push_back(static_cast<int64_t>(tiles.segments.size()));
   }
   return tiles;
 }
@@ -239,7 +279,7 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
   AttentionPlan plan;
   plan.length = mask.q_len;
   if (!device.is_cuda() && head_dim <= TileAttentionMaxHeadDim(dtype)) {
-    plan.tiles = BuildTiles(mask, rule);
+    plan.tiles = BuildTiles(mask, rule, cpu::TileAttentionShape(dtype, head_dim, mask.block_size));
     return plan;
   }
   using Pattern = std::pair<std::vector<int32_t>, std::vector<int32_t>>;  // (full, partial)

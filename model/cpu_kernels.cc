@@ -1140,7 +1140,19 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
 }
 #endif
 
+// Whether TileAttention (kBest) runs heads of `dtype` and `hd` on the bf16 matrix units.
+bool TakesMatrixUnits(torch::ScalarType dtype, int64_t hd) {
+  return dtype == at::kBFloat16 && hd > kNarrowHeadDim && hd % 2 == 0 && HasBf16MatrixUnits();
+}
+
 }  // namespace
+
+TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block) {
+  if (TakesMatrixUnits(dtype, head_dim)) return {.rows = block, .key_group = block};
+  int64_t rows = block;
+  while (rows > kAttentionRows && rows % 2 == 0) rows /= 2;
+  return {.rows = rows, .key_group = kLanes};
+}
 
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale, AttentionIsa isa) {
@@ -1157,8 +1169,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
       "cpu::TileAttention: tiles of another layout");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
 #if defined(PRAXIS_X86_SIMD)
-  if (isa == AttentionIsa::kBest && q.scalar_type() == at::kBFloat16 && hd > kNarrowHeadDim &&
-      hd % 2 == 0 && tiles.block % 2 == 0 && HasBf16MatrixUnits()) {
+  if (isa == AttentionIsa::kBest && TakesMatrixUnits(q.scalar_type(), hd) && tiles.block % 2 == 0) {
     return TileAttentionMatrixUnits(q, k, v, tiles, scale);
   }
 #endif

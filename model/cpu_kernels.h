@@ -75,10 +75,11 @@ struct ExpertRoutes {
 ExpertRoutes RouteTopK(const torch::Tensor& logits, const torch::Tensor& bias, int64_t top_k,
                        double routed_scale);
 
-// One layout's attention as TileAttention walks it: for each query tile, the runs of key tiles it
-// attends (empty tiles are absent; consecutive ones merged into one segment of at most
-// kMaxSegmentTokens keys), each with a mask of its allowed pairs unless all are allowed. Built once
-// per layout with the plan (model/attention.cc); immutable after, so shared by every thread.
+// One layout's attention as TileAttention walks it: for each query tile, the runs of keys it
+// attends (in groups of TileShape::key_group keys: a group none of the tile's rows attends is
+// absent; consecutive ones merged into one segment of at most kMaxSegmentTokens keys), each with a
+// mask of its allowed pairs unless all are allowed. Built once per layout with the plan
+// (model/attention.cc); immutable after, so shared by every thread.
 struct AttentionTiles {
   struct Segment {
     int64_t start = 0;     // first key token
@@ -115,6 +116,18 @@ enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
                             AttentionIsa isa = AttentionIsa::kBest);
+
+// The tiles TileAttention runs best on, for heads of `dtype` and `head_dim` planned from a mask
+// of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made
+// of the `key_group`-key groups their rows attend. On float32 FMAs 32-row tiles and 16-key groups:
+// a chunk-causal mask's 128-token tiles are half empty pairs (bench config, small layout: 52 % of
+// the pairs computed allowed), 32 x 16 pieces 80 %. The matrix units keep the mask's tiles (their
+// products are measured best on 64-128-row tasks and whole tiles, stop 23). Thread-safe.
+struct TileShape {
+  int64_t rows = 0;
+  int64_t key_group = 0;
+};
+TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block);
 
 // 16-bit heads up to this width run on float32 FMAs: matrix units (AMX's products are 32 deep)
 // and LibTorch's flash kernel spend as much on a narrow head's padding and per-block work as on

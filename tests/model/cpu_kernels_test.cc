@@ -316,6 +316,60 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   EXPECT_LE(MaxAbsDiff(SparseAttention(q, k, v, dense_only, 0.25), want), 1e-5);
 }
 
+// On float32 FMAs a 128-token mask tile is planned as 32-row query tiles whose segments hold only
+// the 16-key groups their rows attend: every allowed pair in exactly one segment of its row's tile,
+// masked where not every pair is allowed, and no group without an allowed pair.
+TEST(AttentionPlanTest, TileSegmentsHoldOnlyTheKeyGroupsTheirRowsAttend) {
+  const WindowLayout layout{.registers = 4,
+                            .anchor_h = 6,
+                            .anchor_w = 8,
+                            .text_len = 32,
+                            .k = 2,
+                            .f = 1,
+                            .h = 6,
+                            .w = 8};  // the benchmarks' small layout
+  MaskRule rule;
+  int64_t t = 0;
+  const AttentionPlan plan = Plan(layout, 128, 64, &rule, &t);
+  const cpu::AttentionTiles& tiles = plan.tiles;
+  ASSERT_EQ(tiles.block, 32);
+  const torch::Tensor all = torch::arange(t, torch::kInt64);
+  const torch::Tensor allowed = rule(all, all).to(torch::kUInt8).contiguous();
+  const uint8_t* a = allowed.data_ptr<uint8_t>();
+  std::vector<int> covered(t * t, 0);
+  int64_t computed = 0;
+  for (int64_t i = 0; i + 1 < static_cast<int64_t>(tiles.first.size()); ++i) {
+    const int64_t r0 = i * tiles.block, rows = std::min(tiles.block, t - r0);
+    for (int64_t e = tiles.first[i]; e < tiles.first[i + 1]; ++e) {
+      const cpu::AttentionTiles::Segment& seg = tiles.segments[e];
+      const int64_t row = cpu::AttentionTiles::MaskRow(seg.length);
+      computed += rows * row;
+      ASSERT_EQ(seg.start % 16, 0);
+      for (int64_t g = seg.start; g < seg.start + seg.length; g += 16) {
+        bool any = false;
+        for (int64_t r = r0; r < r0 + rows; ++r) {
+          for (int64_t c = g; c < std::min(g + 16, seg.start + seg.length); ++c) {
+            any = any || a[r * t + c] != 0;
+          }
+        }
+        EXPECT_TRUE(any) << "tile " << i << " keys " << g << "+16 attended by none of its rows";
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < seg.length; ++c) {
+          const uint8_t want = a[(r0 + r) * t + seg.start + c];
+          const uint8_t got = seg.mask_at < 0 ? 1 : tiles.masks[seg.mask_at + r * row + c];
+          ASSERT_EQ(got, want) << "tile " << i << " row " << r << " key " << seg.start + c;
+          covered[(r0 + r) * t + seg.start + c] += got;
+        }
+      }
+    }
+  }
+  for (int64_t x = 0; x < t * t; ++x)
+    ASSERT_EQ(covered[x], a[x]) << "pair " << x / t << ", " << x % t;
+  // The mask's own 128-token tiles computed 52 % allowed pairs here, these 80 % (stop 31).
+  EXPECT_GE(static_cast<double>(allowed.sum().item<int64_t>()) / computed, 0.75);
+}
+
 // softmax(q·kᵀ·scale)·v in float64 over the allowed pairs of `allowed` [T, T] (bool); a row with
 // none is 0. q [B, H, T, hd], k, v [B, kvH, T, hd].
 torch::Tensor MaskedAttentionOracle(const torch::Tensor& q, const torch::Tensor& k,
