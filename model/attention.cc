@@ -360,6 +360,15 @@ torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
   return out;
 }
 
+torch::Tensor GatedSparseAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const AttentionPlan& plan, double scale,
+                                   const torch::Tensor& gate) {
+  if (!plan.tiles.first.empty()) {
+    return cpu::TileAttention(q, k, v, plan.tiles, scale, cpu::AttentionIsa::kBest, gate);
+  }
+  return cpu::GateHeads(SparseAttention(q, k, v, plan, scale), gate);
+}
+
 torch::Tensor DenseAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& dense_mask, double scale) {
   return at::scaled_dot_product_attention(q, k, v, dense_mask, 0.0, false, scale);

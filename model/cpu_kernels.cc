@@ -1015,6 +1015,45 @@ const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Se
              : tiles.masks.data() + seg.mask_at + (task.row0 - task.tile * tiles.block) * padded;
 }
 
+// A head's gate from its logit, as GateHeads and TileAttention's gated stores take it.
+inline float GateOf(float logit) { return 1.0f / (1.0f + std::exp(-logit)); }
+
+// Where TileAttention stores a row of output: [B, H, T, hd], or with gate logits [B, T, H] (any
+// strides) GateHeads's [B, T, H·hd], the row times its gate's sigmoid (one pass less over the
+// heads than gating them after).
+template <typename T>
+struct HeadsOut {
+  T* out;
+  int64_t h, t, hd;
+  const T* gate;  // or null
+  int64_t gb, gt, gh;
+
+  // `o` from HeadsOutTensor(q, g).
+  HeadsOut(const torch::Tensor& o, const torch::Tensor& q, const torch::Tensor& g)
+      : out(o.data_ptr<T>()),
+        h(q.size(1)),
+        t(q.size(2)),
+        hd(q.size(3)),
+        gate(g.defined() ? g.data_ptr<T>() : nullptr),
+        gb(g.defined() ? g.stride(0) : 0),
+        gt(g.defined() ? g.stride(1) : 0),
+        gh(g.defined() ? g.stride(2) : 0) {}
+
+  // Row ti of head hi of batch row bi: where it goes, and *factor times its gate.
+  T* Row(int64_t bi, int64_t hi, int64_t ti, float* factor) const {
+    if (gate == nullptr) return out + ((bi * h + hi) * t + ti) * hd;
+    *factor *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]));
+    return out + ((bi * t + ti) * h + hi) * hd;
+  }
+};
+
+// TileAttention's output tensor: [B, H, T, hd], or [B, T, H·hd] with a gate.
+torch::Tensor HeadsOutTensor(const torch::Tensor& q, const torch::Tensor& gate) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
+  return gate.defined() ? torch::empty({b, t, h * hd}, q.options())
+                        : torch::empty({b, h, t, hd}, q.options());
+}
+
 #if defined(PRAXIS_X86_SIMD)
 // Query rows per task on the matrix units (four 16-row AMX tiles): measured at the bench layout
 // with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer tasks
@@ -1077,9 +1116,9 @@ void PackVnni(const torch::Tensor& k, const torch::Tensor& v, int64_t ldk, int32
 // acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge are even.
 torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, const AttentionTiles& tiles,
-                                       double scale) {
+                                       double scale, const torch::Tensor& gate) {
   using at::native::cpublas::brgemm;
-  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
+  const int64_t b = q.size(0), h = q.size(1), hd = q.size(3);
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
   const int64_t ldk = PadToLanes(kv_len) + kLanes;
   const torch::Tensor kp = torch::empty({b, kvh, hd / 2, ldk}, torch::kInt32);
@@ -1087,14 +1126,14 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
   // The pack reads rows with a unit last stride (TileAttention asks that of q only).
   PackVnni(k.stride(3) == 1 ? k : k.contiguous(), v.stride(3) == 1 ? v : v.contiguous(), ldk,
            kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
-  torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
+  torch::Tensor out = HeadsOutTensor(q, gate);
+  const HeadsOut<at::BFloat16> sink(out, q, gate);
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kMatrixRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
   const auto* qp = q.data_ptr<at::BFloat16>();
   const auto* kpp = reinterpret_cast<const at::BFloat16*>(kp.data_ptr<int32_t>());
   const auto* vpp = reinterpret_cast<const at::BFloat16*>(vp.data_ptr());
-  auto* op = out.data_ptr<at::BFloat16>();
   const float factor = static_cast<float>(scale);
   at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
     std::vector<float> s(kMatrixRows * widest), acc(kMatrixRows * hd), m(kMatrixRows),
@@ -1129,8 +1168,10 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
       for (int64_t r = 0; r < rows; ++r) {
         float* ar = acc.data() + r * hd;
         if (first) std::fill(ar, ar + hd, 0.0f);  // the tile attends no key
-        ScaleBy(ar, l[r] > 0 ? 1.0f / l[r] : 0.0f, hd);
-        Store(ar, op + ((bi * h + hi) * t + row0 + r) * hd, hd);
+        float factor = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        at::BFloat16* dst = sink.Row(bi, hi, row0 + r, &factor);
+        ScaleBy(ar, factor, hd);
+        Store(ar, dst, hd);
       }
     }
     // Give the tile configuration back: LibTorch's kernels assume theirs is still loaded.
@@ -1155,7 +1196,8 @@ TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t 
 }
 
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const AttentionTiles& tiles, double scale, AttentionIsa isa) {
+                            const AttentionTiles& tiles, double scale, AttentionIsa isa,
+                            const torch::Tensor& gate) {
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
   TORCH_CHECK(!q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() &&
                   k.size(0) == b && k.size(3) == hd && k.size(1) > 0 && h % k.size(1) == 0 &&
@@ -1167,10 +1209,13 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
       t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
           static_cast<int64_t>(tiles.first.size()) == (t + tiles.block - 1) / tiles.block + 1,
       "cpu::TileAttention: tiles of another layout");
+  TORCH_CHECK(!gate.defined() || (gate.dim() == 3 && gate.size(0) == b && gate.size(1) == t &&
+                                  gate.size(2) == h && gate.scalar_type() == q.scalar_type()),
+              "cpu::TileAttention: expected gate logits [B, T, H] of q's dtype");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
 #if defined(PRAXIS_X86_SIMD)
   if (isa == AttentionIsa::kBest && TakesMatrixUnits(q.scalar_type(), hd) && tiles.block % 2 == 0) {
-    return TileAttentionMatrixUnits(q, k, v, tiles, scale);
+    return TileAttentionMatrixUnits(q, k, v, tiles, scale, gate);
   }
 #endif
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
@@ -1190,7 +1235,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                    : torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
     vf.narrow(3, 0, hd).copy_(v);
   }
-  torch::Tensor out = torch::empty({b, h, t, hd}, q.options());
+  torch::Tensor out = HeadsOutTensor(q, gate);
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kAttentionRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
@@ -1207,7 +1252,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
 #endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "TileAttention", [&] {
     const scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
+    const HeadsOut<scalar_t> sink(out, q, gate);
     at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
       std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), acc(kAttentionRows * hdp),
           m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
@@ -1249,8 +1294,10 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
         }
         for (int64_t r = 0; r < rows; ++r) {
           float* ar = acc.data() + r * hdp;
-          ScaleBy(ar, l[r] > 0 ? 1.0f / l[r] : 0.0f, hd);
-          Store(ar, op + ((bi * h + hi) * t + row0 + r) * hd, hd);
+          float factor = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+          scalar_t* dst = sink.Row(bi, hi, row0 + r, &factor);
+          ScaleBy(ar, factor, hd);
+          Store(ar, dst, hd);
         }
       }
     });
@@ -1282,7 +1329,7 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate) {
         for (int64_t hi = 0; hi < h; ++hi) {
           const float g = static_cast<float>(gp[bi * gb + ti * gt + hi * gh]);
           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
-          ScaleBy(buf.data(), 1.0f / (1.0f + std::exp(-g)), hd);
+          ScaleBy(buf.data(), GateOf(g), hd);
           Store(buf.data(), dst + (bt * h + hi) * hd, hd);
         }
       }

@@ -107,15 +107,16 @@ struct AttentionTiles {
 // softmax(q·kᵀ·scale)·v over the allowed pairs of `tiles` only: one pass per query row block over
 // its key tiles with an online softmax in float32. q [B, H, T, hd], k, v [B, kvH, T, hd] (kvH
 // divides H; kv head j serves query heads j·H/kvH …), any float dtype, last stride 1; scale > 0.
-// Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0.
-// The two products run as float32 FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest
-// also takes the bf16 matrix units for bf16 heads wider than kNarrowHeadDim where the CPU has
+// Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0. With `gate` (logits
+// [B, T, H] of q's dtype, any strides) returns GateHeads(that, gate) instead, gated as it is
+// stored. The two products run as float32 FMAs in AVX-512 (kAvx512), or plain loops (kPortable);
+// kBest also takes the bf16 matrix units for bf16 heads wider than kNarrowHeadDim where the CPU has
 // them (HasBf16MatrixUnits; the probabilities are then rounded to bf16 before p·v, as LibTorch's
 // flash kernel does). Tests compare every one.
 enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
-                            AttentionIsa isa = AttentionIsa::kBest);
+                            AttentionIsa isa = AttentionIsa::kBest, const torch::Tensor& gate = {});
 
 // The tiles TileAttention runs best on, for heads of `dtype` and `head_dim` planned from a mask
 // of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made

@@ -59,15 +59,20 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
     v = ExpandKvHeads(v, h);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  torch::Tensor o;
+  const bool sparse = ctx.mode == AttentionMode::kSparse;
+  torch::Tensor o;  // gated, [B, T, H·hd]
   {
     RECORD_FUNCTION("praxis::attention_core", std::vector<c10::IValue>());
-    o = ctx.mode == AttentionMode::kSparse ? SparseAttention(q, k, v, ctx.mask.plan, scale)
-                                           : DenseAttention(q, k, v, ctx.mask.dense, scale);
+    if (!q.is_cuda()) {
+      // Gated as TileAttention stores it where it runs: one pass less over the heads.
+      o = sparse ? GatedSparseAttention(q, k, v, ctx.mask.plan, scale, qkvg[3])
+                 : cpu::GateHeads(DenseAttention(q, k, v, ctx.mask.dense, scale), qkvg[3]);
+    } else {
+      o = sparse ? SparseAttention(q, k, v, ctx.mask.plan, scale)
+                 : DenseAttention(q, k, v, ctx.mask.dense, scale);
+      o = (o.transpose(1, 2) * torch::sigmoid(qkvg[3]).unsqueeze(-1)).reshape({b, t, h * hd});
+    }
   }
-  if (!o.is_cuda()) return Linear(cpu::GateHeads(o, qkvg[3]), bw.out_w, bw.out_b);
-  const torch::Tensor g = torch::sigmoid(qkvg[3]);
-  o = (o.transpose(1, 2) * g.unsqueeze(-1)).reshape({b, t, c.num_heads * hd});
   return Linear(o, bw.out_w, bw.out_b);
 }
 

@@ -400,6 +400,8 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
       const torch::Tensor q = torch::randn({2, t, 4, hd}).transpose(1, 2);
       const torch::Tensor k = torch::randn({2, 2, t, hd});  // two query heads per kv head
       const torch::Tensor v = torch::randn({2, 2, t, hd});
+      // Gate logits as attention gets them: a strided slice of the stacked projection.
+      const torch::Tensor gate = (4 * torch::randn({2, t, 4 + 3})).narrow(2, 3, 4);
       const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.3);
       for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
         const double tol = dt == torch::kFloat32 ? 1e-5 : dt == torch::kHalf ? 5e-3 : 3e-2;
@@ -412,6 +414,12 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
           ASSERT_EQ(got[isa].scalar_type(), dt);
           EXPECT_LE(MaxAbsDiff(got[isa], dt == torch::kFloat32 ? want : want_d), tol)
               << "block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
+          // Gated as it is stored: GateHeads of the same output (16-bit: one rounding apart).
+          const torch::Tensor gated =
+              cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa, gate.to(dt));
+          EXPECT_LE(MaxAbsDiff(gated, cpu::GateHeads(got[isa], gate.to(dt))),
+                    dt == torch::kFloat32 ? 1e-6 : 2e-2)
+              << "gated: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
         }
         if (dt == torch::kBFloat16 && hd > cpu::kNarrowHeadDim && cpu::HasBf16MatrixUnits()) {
           // The matrix units round p to bf16: their output differs from the float32 FMAs'.
@@ -502,6 +510,10 @@ TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
   }
   EXPECT_THROW(cpu::TileAttention(q.narrow(2, 0, 16), k, v, tiles, 0.25), c10::Error)
       << "tiles of another layout";
+  EXPECT_THROW(
+      cpu::TileAttention(q, k, v, tiles, 0.25, cpu::AttentionIsa::kBest, torch::randn({1, t, 3})),
+      c10::Error)
+      << "a gate of other heads";
 }
 
 TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
