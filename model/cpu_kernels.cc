@@ -315,27 +315,28 @@ float FoldRow(float* m, float* l, float m_new, float sum) {
   return alpha;
 }
 
-// A row's online-softmax step between the two: the scores s (q·kᵀ) become p = e^(s·scale - m')
+// A row's online-softmax step between the two: the scores s (q·kᵀ) give p = e^(s·scale - m')
 // where `mask` (padded bytes; null: every column) allows and 0 elsewhere, m and l the running max
 // and sum; returns the factor that rescales the row's earlier sum (1 while nothing is allowed).
-float SoftmaxRowPortable(float* s, int64_t padded, const uint8_t* mask, float scale, float* m,
-                         float* l) {
+void SoftmaxRowPortable(const float* s, int64_t padded, const uint8_t* mask, float scale, float* m,
+                        float* l, float* p, float* alpha) {
   float mx = kNegInf;
   for (int64_t c = 0; c < padded; ++c) {
-    s[c] = mask != nullptr && mask[c] == 0 ? kNegInf : s[c] * scale;
-    mx = std::max(mx, s[c]);
+    p[c] = mask != nullptr && mask[c] == 0 ? kNegInf : s[c] * scale;
+    mx = std::max(mx, p[c]);
   }
   const float m_new = std::max(*m, mx);
   if (m_new == kNegInf) {
-    std::fill(s, s + padded, 0.0f);
-    return 1.0f;
+    std::fill(p, p + padded, 0.0f);
+    *alpha = 1.0f;
+    return;
   }
   float sum = 0;
   for (int64_t c = 0; c < padded; ++c) {
-    s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
-    sum += s[c];
+    p[c] = p[c] == kNegInf ? 0.0f : std::exp(p[c] - m_new);
+    sum += p[c];
   }
-  return FoldRow(m, l, m_new, sum);
+  *alpha = FoldRow(m, l, m_new, sum);
 }
 
 #if defined(PRAXIS_X86_SIMD)
@@ -535,25 +536,55 @@ PRAXIS_AVX512_INLINE void ExpFactors(float scale, float m_new, __m512* factor, _
   *shift = _mm512_set1_ps(m_new * kLog2e);
 }
 
-// SoftmaxRowPortable's step in two passes over the scores, scaled and masked on the fly: their
-// max, then p in place and its sum.
-PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* mask, float scale,
-                                     float* m, float* l) {
-  const float m_new = std::max(*m, MaskedRowMax(s, padded, mask, scale));
-  if (m_new == kNegInf) {
-    std::fill(s, s + padded, 0.0f);
-    return 1.0f;
+// How far (log2 units) the one-pass softmax steps let a score lead the max they run against.
+constexpr float kMaxLead = 16.0f;
+
+// SoftmaxRowPortable's step, in one pass where it can: against a reference max, the row's max
+// so far or on its first segment the largest of its first allowed 16 scores, p may exceed 1 by up
+// to 2^kMaxLead (far inside float32's range: l and the output scale alike, no precision lost).
+// Only scores that lead the reference by more run again, in two passes: their max, then p.
+PRAXIS_AVX512 void SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_t* mask,
+                                    float scale, float* m, float* l, float* p, float* alpha) {
+  float ref = *m;
+  if (ref == kNegInf) {
+    const __m512 none = _mm512_set1_ps(kNegInf);
+    ref = HorizontalMax(_mm512_mask_max_ps(none, AllowedLanes(mask, 0), none, _mm512_loadu_ps(s))) *
+          scale;
   }
-  __m512 factor, shift;
-  ExpFactors(scale, m_new, &factor, &shift);
-  __m512 sum = _mm512_setzero_ps();
-  __m512 lead = _mm512_setzero_ps();  // unread: m' is the row's max
-  for (int64_t c = 0; c < padded; c += kLanes) {
-    const __m512 e = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
-    _mm512_storeu_ps(s + c, e);
-    sum = _mm512_add_ps(sum, e);
+  bool tried = false;
+  for (;;) {
+    if (ref == kNegInf) {
+      ref = std::max(*m, MaskedRowMax(s, padded, mask, scale));
+      if (ref == kNegInf) {
+        std::fill(p, p + padded, 0.0f);
+        *alpha = 1.0f;
+        return;
+      }
+    }
+    __m512 factor, shift;
+    ExpFactors(scale, ref, &factor, &shift);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, lead = _mm512_set1_ps(kNegInf);
+    int64_t c = 0;
+    for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
+      const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
+      const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead, kExp2Fit5);
+      _mm512_storeu_ps(p + c, e0);
+      _mm512_storeu_ps(p + c + kLanes, e1);
+      sum0 = _mm512_add_ps(sum0, e0);
+      sum1 = _mm512_add_ps(sum1, e1);
+    }
+    if (c < padded) {
+      const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
+      _mm512_storeu_ps(p + c, e0);
+      sum0 = _mm512_add_ps(sum0, e0);
+    }
+    if (tried || _mm512_cmp_ps_mask(lead, _mm512_set1_ps(kMaxLead), _CMP_GT_OQ) == 0) {
+      *alpha = FoldRow(m, l, ref, HorizontalSum(_mm512_add_ps(sum0, sum1)));  // ref >= *m
+      return;
+    }
+    ref = kNegInf;  // a score leads by more: again against the row's own max
+    tried = true;
   }
-  return FoldRow(m, l, m_new, HorizontalSum(sum));
 }
 
 // The exp pass of SoftmaxRowToBf16 against max m: p = e^(s·scale - m) on the allowed lanes as
@@ -561,7 +592,6 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(float* s, int64_t padded, const uint8_t* ma
 // has), 32 columns per iteration with two sums (one chain of adds would wait on each add's
 // latency). Returns the sum of p; *led says whether an allowed score exceeds m by more than
 // kMaxLead in log2 units.
-constexpr float kMaxLead = 16.0f;
 __attribute__((target("avx512f,avx512bf16"))) float ExpRowToBf16(const float* s, int64_t padded,
                                                                  const uint8_t* mask, float scale,
                                                                  float m, at::BFloat16* p,
@@ -1039,10 +1069,10 @@ struct HeadsOut {
         gt(g.defined() ? g.stride(1) : 0),
         gh(g.defined() ? g.stride(2) : 0) {}
 
-  // Row ti of head hi of batch row bi: where it goes, and *factor times its gate.
-  T* Row(int64_t bi, int64_t hi, int64_t ti, float* factor) const {
+  // Row ti of head hi of batch row bi: where it goes, and *norm times its gate.
+  T* Row(int64_t bi, int64_t hi, int64_t ti, float* norm) const {
     if (gate == nullptr) return out + ((bi * h + hi) * t + ti) * hd;
-    *factor *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]));
+    *norm *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]));
     return out + ((bi * t + ti) * h + hi) * hd;
   }
 };
@@ -1168,9 +1198,9 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
       for (int64_t r = 0; r < rows; ++r) {
         float* ar = acc.data() + r * hd;
         if (first) std::fill(ar, ar + hd, 0.0f);  // the tile attends no key
-        float factor = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-        at::BFloat16* dst = sink.Row(bi, hi, row0 + r, &factor);
-        ScaleBy(ar, factor, hd);
+        float norm = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        at::BFloat16* dst = sink.Row(bi, hi, row0 + r, &norm);
+        ScaleBy(ar, norm, hd);
         Store(ar, dst, hd);
       }
     }
@@ -1254,8 +1284,8 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
     const scalar_t* qp = q.data_ptr<scalar_t>();
     const HeadsOut<scalar_t> sink(out, q, gate);
     at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
-      std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), acc(kAttentionRows * hdp),
-          m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
+      std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), p(kBlockRows * widest),
+          acc(kAttentionRows * hdp), m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
       for (int64_t task = task0; task < task1; ++task) {
         const RowTask rt = RowTaskAt(task, tiles, h, kAttentionRows);
         const int64_t bi = rt.bi, hi = rt.hi, tile = rt.tile, row0 = rt.row0, rows = rt.rows;
@@ -1284,19 +1314,18 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
               // Rows past `rows` may lie past the tile's mask (a tile edge not a multiple of
               // kBlockRows): they go unmasked, and are never stored.
               const bool masked = mask != nullptr && r0 + r < rows;
-              alpha[r] = softmax(s.data() + r * padded, padded,
-                                 masked ? mask + (r0 + r) * padded : nullptr, factor, &m[r0 + r],
-                                 &l[r0 + r]);
+              softmax(s.data() + r * padded, padded, masked ? mask + (r0 + r) * padded : nullptr,
+                      factor, &m[r0 + r], &l[r0 + r], p.data() + r * padded, &alpha[r]);
             }
-            product(s.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
+            product(p.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
                     acc.data() + r0 * hdp, hdp, alpha.data());
           }
         }
         for (int64_t r = 0; r < rows; ++r) {
           float* ar = acc.data() + r * hdp;
-          float factor = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-          scalar_t* dst = sink.Row(bi, hi, row0 + r, &factor);
-          ScaleBy(ar, factor, hd);
+          float norm = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+          scalar_t* dst = sink.Row(bi, hi, row0 + r, &norm);
+          ScaleBy(ar, norm, hd);
           Store(ar, dst, hd);
         }
       }

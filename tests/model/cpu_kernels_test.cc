@@ -434,7 +434,8 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
 TEST(TileAttentionTest, LaterSegmentsFarAboveTheRowsMaxSoFar) {
   // One query tile of 8 rows over 600 keys in three segments (the last masked past its 88 keys),
   // the later segments' scores tens of nats above the first's: a softmax that runs later segments
-  // against the row's max so far must notice and take theirs.
+  // against the row's max so far must notice and take theirs. The first segment's first 16 keys
+  // score far below its others: a first segment run against their max must notice too.
   torch::manual_seed(8);
   const int64_t t = 8, keys = 600, hd = 64;
   cpu::AttentionTiles tiles;
@@ -450,8 +451,11 @@ TEST(TileAttentionTest, LaterSegmentsFarAboveTheRowsMaxSoFar) {
   tiles.first = {0, 3};
   const torch::Tensor q = torch::randn({1, 2, t, hd});
   torch::Tensor k = torch::randn({1, 1, keys, hd});
-  k.narrow(2, 256, 256).mul_(6);
-  k.narrow(2, 512, 88).mul_(40);  // ~100 nats up: e^that overflows float32
+  // Scores with std ~1 nat at scale 1: ~100 nats up over the first 16 (e^that overflows float32),
+  // the second segment far below, the third ~100 nats above the first's.
+  k.narrow(2, 0, 16).mul_(0.1);
+  k.narrow(2, 16, 240).mul_(40);
+  k.narrow(2, 512, 88).mul_(80);
   const torch::Tensor v = torch::randn({1, 1, keys, hd});
   const torch::Tensor allowed = torch::ones({t, keys}, torch::kBool);
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
