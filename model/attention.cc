@@ -186,8 +186,9 @@ cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule,
     const int64_t ld = allowed.defined() ? allowed.size(1) : 0;
     std::vector<std::pair<int32_t, const uint8_t*>> key_tiles;  // (key tile, its allowed or null)
     for (int32_t j : full) key_tiles.emplace_back(j, nullptr);
-    for (size_t p = 0; p < partial.size(); ++p) {
-      key_tiles.emplace_back(partial[p], allowed.data_ptr<uint8_t>() + p * bs);
+    for (int64_t p = 0, column = 0; p < static_cast<int64_t>(partial.size()); ++p) {
+      key_tiles.emplace_back(partial[p], allowed.data_ptr<uint8_t>() + column);
+      column += std::min(mask.kv_len, (partial[p] + int64_t{1}) * bs) - partial[p] * bs;
     }
     std::sort(key_tiles.begin(), key_tiles.end());
     for (int64_t r0 = 0; r0 < q.numel(); r0 += shape.rows) {
