@@ -318,8 +318,8 @@ float FoldRow(float* m, float* l, float m_new, float sum) {
 // A row's online-softmax step between the two: the scores s (q·kᵀ) give p = e^(s·scale - m')
 // where `mask` (padded bytes; null: every column) allows and 0 elsewhere, m and l the running max
 // and sum; returns the factor that rescales the row's earlier sum (1 while nothing is allowed).
-void SoftmaxRowPortable(const float* s, int64_t padded, const uint8_t* mask, float scale, float* m,
-                        float* l, float* p, float* alpha) {
+float SoftmaxRowPortable(const float* s, int64_t padded, const uint8_t* mask, float scale, float* m,
+                         float* l, float* p) {
   float mx = kNegInf;
   for (int64_t c = 0; c < padded; ++c) {
     p[c] = mask != nullptr && mask[c] == 0 ? kNegInf : s[c] * scale;
@@ -328,15 +328,14 @@ void SoftmaxRowPortable(const float* s, int64_t padded, const uint8_t* mask, flo
   const float m_new = std::max(*m, mx);
   if (m_new == kNegInf) {
     std::fill(p, p + padded, 0.0f);
-    *alpha = 1.0f;
-    return;
+    return 1.0f;
   }
   float sum = 0;
   for (int64_t c = 0; c < padded; ++c) {
     p[c] = p[c] == kNegInf ? 0.0f : std::exp(p[c] - m_new);
     sum += p[c];
   }
-  *alpha = FoldRow(m, l, m_new, sum);
+  return FoldRow(m, l, m_new, sum);
 }
 
 #if defined(PRAXIS_X86_SIMD)
@@ -543,8 +542,8 @@ constexpr float kMaxLead = 16.0f;
 // so far or on its first segment the largest of its first allowed 16 scores, p may exceed 1 by up
 // to 2^kMaxLead (far inside float32's range: l and the output scale alike, no precision lost).
 // Only scores that lead the reference by more run again, in two passes: their max, then p.
-PRAXIS_AVX512 void SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_t* mask,
-                                    float scale, float* m, float* l, float* p, float* alpha) {
+PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_t* mask,
+                                     float scale, float* m, float* l, float* p) {
   float ref = *m;
   if (ref == kNegInf) {
     const __m512 none = _mm512_set1_ps(kNegInf);
@@ -557,8 +556,7 @@ PRAXIS_AVX512 void SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_
       ref = std::max(*m, MaskedRowMax(s, padded, mask, scale));
       if (ref == kNegInf) {
         std::fill(p, p + padded, 0.0f);
-        *alpha = 1.0f;
-        return;
+        return 1.0f;
       }
     }
     __m512 factor, shift;
@@ -579,8 +577,7 @@ PRAXIS_AVX512 void SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_
       sum0 = _mm512_add_ps(sum0, e0);
     }
     if (tried || _mm512_cmp_ps_mask(lead, _mm512_set1_ps(kMaxLead), _CMP_GT_OQ) == 0) {
-      *alpha = FoldRow(m, l, ref, HorizontalSum(_mm512_add_ps(sum0, sum1)));  // ref >= *m
-      return;
+      return FoldRow(m, l, ref, HorizontalSum(_mm512_add_ps(sum0, sum1)));  // ref >= *m
     }
     ref = kNegInf;  // a score leads by more: again against the row's own max
     tried = true;
@@ -1314,8 +1311,9 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
               // Rows past `rows` may lie past the tile's mask (a tile edge not a multiple of
               // kBlockRows): they go unmasked, and are never stored.
               const bool masked = mask != nullptr && r0 + r < rows;
-              softmax(s.data() + r * padded, padded, masked ? mask + (r0 + r) * padded : nullptr,
-                      factor, &m[r0 + r], &l[r0 + r], p.data() + r * padded, &alpha[r]);
+              alpha[r] = softmax(s.data() + r * padded, padded,
+                                 masked ? mask + (r0 + r) * padded : nullptr, factor, &m[r0 + r],
+                                 &l[r0 + r], p.data() + r * padded);
             }
             product(p.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
                     acc.data() + r0 * hdp, hdp, alpha.data());
