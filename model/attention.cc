@@ -155,24 +155,97 @@ int64_t HeldBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
+// A key tile of a mask row tile: its index and its allowed pairs ([rows, ld] bytes from its first
+// column; null where every pair is allowed).
+struct KeyTile {
+  int32_t tile = 0;
+  const uint8_t* allowed = nullptr;
+  bool operator<(const KeyTile& o) const { return tile < o.tile; }
+};
+
+// A group of shape.key_group keys (fewer at a tile's end) that a query tile's rows attend.
+struct KeyGroup {
+  int64_t start = 0, length = 0;
+  const uint8_t* allowed = nullptr;  // its first column's allowed pairs (row stride ld), or null:
+                                     // every pair allowed
+  bool all = true;                   // every pair of the query tile's rows allowed
+};
+
+// The key groups of `key_tiles` (in key order) that one of rows [r0, r0 + rows) attends.
+std::vector<KeyGroup> AttendedGroups(const std::vector<KeyTile>& key_tiles, int64_t ld, int64_t r0,
+                                     int64_t rows, int64_t key_group, const BlockMask& mask) {
+  const int64_t bs = mask.block_size;
+  std::vector<KeyGroup> groups;
+  for (const KeyTile& kt : key_tiles) {
+    const int64_t end = std::min(mask.kv_len, (kt.tile + int64_t{1}) * bs);
+    for (int64_t g = kt.tile * bs; g < end; g += key_group) {
+      KeyGroup grp{.start = g, .length = std::min(key_group, end - g)};
+      bool any = kt.allowed == nullptr;
+      if (kt.allowed != nullptr) {
+        grp.allowed = kt.allowed + (g - kt.tile * bs);
+        for (int64_t r = r0; r < r0 + rows; ++r) {
+          const uint8_t* row = grp.allowed + r * ld;
+          const auto allowed = [](uint8_t a) { return a != 0; };
+          any = any || std::any_of(row, row + grp.length, allowed);
+          grp.all = grp.all && std::all_of(row, row + grp.length, allowed);
+        }
+      }
+      if (any) groups.push_back(grp);
+    }
+  }
+  return groups;
+}
+
+// Appends to `tiles` the segments of one query tile (rows [r0, r0 + rows) of its mask row tile):
+// runs of consecutive `groups` of at most kMaxSegmentTokens keys, each with its mask where a pair
+// in it, or the row padding, is not allowed.
+void AppendRuns(const std::vector<KeyGroup>& groups, int64_t ld, int64_t r0, int64_t rows,
+                cpu::AttentionTiles& tiles) {
+  using Tiles = cpu::AttentionTiles;
+  for (size_t e = 0; e < groups.size();) {
+    size_t end = e + 1;
+    bool all = groups[e].all;
+    while (end < groups.size() &&
+           groups[end].start == groups[end - 1].start + groups[end - 1].length &&
+           groups[end].start + groups[end].length - groups[e].start <= Tiles::kMaxSegmentTokens) {
+      all = all && groups[end].all;
+      ++end;
+    }
+    Tiles::Segment seg;
+    seg.start = groups[e].start;
+    seg.length = groups[end - 1].start + groups[end - 1].length - seg.start;
+    const int64_t row = Tiles::MaskRow(seg.length);
+    if (!all || row != seg.length) {
+      seg.mask_at = static_cast<int64_t>(tiles.masks.size());
+      tiles.masks.resize(seg.mask_at + tiles.block * row, 0);
+      for (size_t x = e; x < end; ++x) {
+        const KeyGroup& grp = groups[x];
+        for (int64_t r = 0; r < rows; ++r) {
+          uint8_t* out = tiles.masks.data() + seg.mask_at + r * row + (grp.start - seg.start);
+          if (grp.allowed == nullptr) {
+            std::fill_n(out, grp.length, 1);
+          } else {
+            std::memcpy(out, grp.allowed + (r0 + r) * ld, grp.length);
+          }
+        }
+      }
+    }
+    tiles.segments.push_back(seg);
+    e = end;
+  }
+}
+
 // The segments TileAttention walks, in query tiles of shape.rows tokens (a divisor of the mask's
 // tile): for each, the groups of shape.key_group keys of its mask tile's key tiles that one of its
 // rows attends, in key order, consecutive ones merged into runs of at most kMaxSegmentTokens keys,
 // each with its allowed pairs (from `rule`) where a pair in it, or the row padding, is not allowed.
 cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule,
                                const cpu::TileShape& shape) {
-  using Tiles = cpu::AttentionTiles;
-  Tiles tiles;
+  cpu::AttentionTiles tiles;
   tiles.block = shape.rows;
   tiles.q_len = mask.q_len;
   tiles.kv_len = mask.kv_len;
   const int64_t bs = mask.block_size;
-  struct Group {
-    int64_t start = 0, length = 0;
-    const uint8_t* allowed = nullptr;  // its first column's allowed pairs (row stride ld), or null:
-                                       // every pair allowed
-    bool all = true;                   // every pair of the query tile's rows allowed
-  };
   tiles.first.push_back(0);
   for (int64_t i = 0; i < mask.num_q_tiles(); ++i) {
     const std::vector<int32_t> full = RowTiles(mask.full_kv_num_blocks, mask.full_kv_indices, i);
@@ -184,66 +257,17 @@ cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule,
       allowed = rule(q, TileTokens(partial, bs, mask.kv_len)).to(torch::kUInt8).contiguous();
     }
     const int64_t ld = allowed.defined() ? allowed.size(1) : 0;
-    std::vector<std::pair<int32_t, const uint8_t*>> key_tiles;  // (key tile, its allowed or null)
-    for (int32_t j : full) key_tiles.emplace_back(j, nullptr);
+    std::vector<KeyTile> key_tiles;
+    for (int32_t j : full) key_tiles.push_back({j, nullptr});
     for (int64_t p = 0, column = 0; p < static_cast<int64_t>(partial.size()); ++p) {
-      key_tiles.emplace_back(partial[p], allowed.data_ptr<uint8_t>() + column);
+      key_tiles.push_back({partial[p], allowed.data_ptr<uint8_t>() + column});
       column += std::min(mask.kv_len, (partial[p] + int64_t{1}) * bs) - partial[p] * bs;
     }
     std::sort(key_tiles.begin(), key_tiles.end());
     for (int64_t r0 = 0; r0 < q.numel(); r0 += shape.rows) {
       const int64_t rows = std::min(shape.rows, q.numel() - r0);
-      std::vector<Group> groups;  // the ones these rows attend, in key order
-      for (const auto& [j, pairs] : key_tiles) {
-        const int64_t end = std::min(mask.kv_len, (j + int64_t{1}) * bs);
-        for (int64_t g = j * bs; g < end; g += shape.key_group) {
-          Group grp{.start = g, .length = std::min(shape.key_group, end - g)};
-          bool any = pairs == nullptr;
-          if (pairs != nullptr) {
-            grp.allowed = pairs + (g - j * bs);
-            for (int64_t r = r0; r < r0 + rows; ++r) {
-              for (int64_t c = 0; c < grp.length; ++c) {
-                any = any || grp.allowed[r * ld + c] != 0;
-                grp.all = grp.all && grp.allowed[r * ld + c] != 0;
-              }
-            }
-          }
-          if (any) groups.push_back(grp);
-        }
-      }
-      for (size_t e = 0; e < groups.size();) {
-        // The run of consecutive groups from groups[e], at most kMaxSegmentTokens keys.
-        size_t end = e + 1;
-        bool all = groups[e].all;
-        while (end < groups.size() &&
-               groups[end].start == groups[end - 1].start + groups[end - 1].length &&
-               groups[end].start + groups[end].length - groups[e].start <=
-                   Tiles::kMaxSegmentTokens) {
-          all = all && groups[end].all;
-          ++end;
-        }
-        Tiles::Segment seg;
-        seg.start = groups[e].start;
-        seg.length = groups[end - 1].start + groups[end - 1].length - seg.start;
-        const int64_t row = Tiles::MaskRow(seg.length);
-        if (!all || row != seg.length) {
-          seg.mask_at = static_cast<int64_t>(tiles.masks.size());
-          tiles.masks.resize(seg.mask_at + shape.rows * row, 0);
-          for (size_t x = e; x < end; ++x) {
-            const Group& grp = groups[x];
-            for (int64_t r = 0; r < rows; ++r) {
-              uint8_t* out = tiles.masks.data() + seg.mask_at + r * row + (grp.start - seg.start);
-              if (grp.allowed == nullptr) {
-                std::fill_n(out, grp.length, 1);
-              } else {
-                std::memcpy(out, grp.allowed + (r0 + r) * ld, grp.length);
-              }
-            }
-          }
-        }
-        tiles.segments.push_back(seg);
-        e = end;
-      }
+      AppendRuns(AttendedGroups(key_tiles, ld, r0, rows, shape.key_group, mask), ld, r0, rows,
+                 tiles);
       tiles.first.push_back(static_cast<int64_t>(tiles.segments.size()));
     }
   }
