@@ -126,7 +126,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   torch::set_num_threads(absl::GetFlag(FLAGS_threads));
-  praxis::model::KeepFreedMemoryForReuse();  // as praxis-server does
   absl::Status s;
   if (absl::GetFlag(FLAGS_worker_thread)) {
     std::thread([&] { s = praxis::model::Run(); }).join();

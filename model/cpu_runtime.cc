@@ -1,7 +1,6 @@
 #include "model/cpu_runtime.h"
 
 #include <ATen/Parallel.h>
-#include <malloc.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -39,11 +38,6 @@ void SetIntraOpThreadsOfThisThread(int threads) {
   at::internal::lazy_init_num_threads();
   omp_set_num_threads(threads);
   MKL_Set_Num_Threads_Local(threads);
-}
-
-void KeepFreedMemoryForReuse() {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest; fixing it also stops its adjustment
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 CpuIsa DetectCpuIsa() {

@@ -4,8 +4,8 @@
 
 #include <string>
 
-// Process settings for running LibTorch on CPUs in a server: where intra-op parallelism runs, and
-// how freed memory is kept.
+// Process settings for running LibTorch on CPUs in a server: where intra-op parallelism runs (how
+// freed memory is kept is the allocator's: the model's executables link tcmalloc, CMakeLists.txt).
 //
 // Intra-op parallelism runs on the model's worker thread only.
 // LibTorch's CPU ops and MKL's GEMMs run on OpenMP, and every thread that runs a parallel region
@@ -26,12 +26,6 @@ void DefaultToOneIntraOpThread();
 // Makes LibTorch ops and MKL GEMMs on the calling thread use `threads` intra-op threads (its own
 // OpenMP team); other threads keep theirs. threads >= 1.
 void SetIntraOpThreadsOfThisThread(int threads);
-
-// Keeps freed blocks of up to 32 MiB in the heap for the next step instead of returning them to
-// the kernel: a step allocates and frees the same activation sizes every time, and glibc's default
-// (mmap above a moving threshold, trimming the heap top) made each reuse page-fault again — 9 % of
-// a batch of 8 small-layout steps (docs/benchmarks.md). Call once at start-up. Not thread-safe.
-void KeepFreedMemoryForReuse();
 
 // The x86 units that decide how fast a reduced-precision step runs on this CPU (all false
 // elsewhere), from cpuid.

@@ -18,6 +18,7 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libssl-dev zlib1g-dev libc-ares-dev libre2-dev
   python3-venv curl openssl ccache
+  libtcmalloc-minimal4
 )
 # The deploy tests: podman (with runc, netavark for published ports) and debootstrap for the
 # offline base image; kubectl comes from the machine image or, below, from PyPI.

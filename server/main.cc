@@ -306,7 +306,6 @@ absl::Status Run() {
   // batcher's worker runs the model with more (model/cpu_runtime.h).
   const int cores = at::get_num_threads();
   model::DefaultToOneIntraOpThread();
-  model::KeepFreedMemoryForReuse();
   if (absl::GetFlag(FLAGS_max_float32_weight_bytes) < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--max_float32_weight_bytes must be >= 0, got ",
                                                    absl::GetFlag(FLAGS_max_float32_weight_bytes)));
