@@ -387,11 +387,12 @@ torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
 
 torch::Tensor GatedSparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const AttentionPlan& plan, double scale,
-                                   const torch::Tensor& gate) {
+                                   const torch::Tensor& gate, const torch::Tensor& gate_bias) {
   if (!plan.tiles.first.empty()) {
-    return cpu::TileAttention(q, k, v, plan.tiles, scale, cpu::AttentionIsa::kBest, gate);
+    return cpu::TileAttention(q, k, v, plan.tiles, scale, cpu::AttentionIsa::kBest, gate,
+                              gate_bias);
   }
-  return cpu::GateHeads(SparseAttention(q, k, v, plan, scale), gate);
+  return cpu::GateHeads(SparseAttention(q, k, v, plan, scale), gate, gate_bias);
 }
 
 torch::Tensor DenseAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -80,11 +80,12 @@ int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype);
 torch::Tensor SparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionPlan& plan, double scale);
 
-// On the CPU, cpu::GateHeads(SparseAttention(q, k, v, plan, scale), gate) for gate logits
-// [B, T, H] of q's dtype: [B, T, H·hd], gated as TileAttention stores it where the plan has tiles.
+// On the CPU, cpu::GateHeads(SparseAttention(q, k, v, plan, scale), gate, gate_bias) for gate
+// logits [B, T, H] of q's dtype and their float32 bias [H] (or none): [B, T, H·hd], gated as
+// TileAttention stores it where the plan has tiles.
 torch::Tensor GatedSparseAttention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const AttentionPlan& plan, double scale,
-                                   const torch::Tensor& gate);
+                                   const torch::Tensor& gate, const torch::Tensor& gate_bias = {});
 
 // The same with at::scaled_dot_product_attention and a dense bool mask [T, T].
 torch::Tensor DenseAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -1042,26 +1042,37 @@ const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Se
              : tiles.masks.data() + seg.mask_at + (task.row0 - task.tile * tiles.block) * padded;
 }
 
+// Checks that a gate's bias, where given, is float32 [heads] contiguous beside defined logits.
+void CheckGateBias(const torch::Tensor& gate, const torch::Tensor& bias, int64_t heads,
+                   const char* who) {
+  TORCH_CHECK(!bias.defined() || (gate.defined() && bias.dim() == 1 && bias.size(0) == heads &&
+                                  bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              who, ": expected the gate bias float32 [H], contiguous, beside gate logits");
+}
+
 // A head's gate from its logit, as GateHeads and TileAttention's gated stores take it.
 inline float GateOf(float logit) { return 1.0f / (1.0f + std::exp(-logit)); }
 
 // Where TileAttention stores a row of output: [B, H, T, hd], or with gate logits [B, T, H] (any
-// strides) GateHeads's [B, T, H·hd], the row times its gate's sigmoid (one pass less over the
-// heads than gating them after).
+// strides) and their per-head bias (float32 [H], or none) GateHeads's [B, T, H·hd], the row times
+// its gate's sigmoid (one pass less over the heads than gating them after).
 template <typename T>
 struct HeadsOut {
   T* out;
   int64_t h, t, hd;
-  const T* gate;  // or null
+  const T* gate;      // or null
+  const float* bias;  // or null
   int64_t gb, gt, gh;
 
   // `o` from HeadsOutTensor(q, g).
-  HeadsOut(const torch::Tensor& o, const torch::Tensor& q, const torch::Tensor& g)
+  HeadsOut(const torch::Tensor& o, const torch::Tensor& q, const torch::Tensor& g,
+           const torch::Tensor& gate_bias)
       : out(o.data_ptr<T>()),
         h(q.size(1)),
         t(q.size(2)),
         hd(q.size(3)),
         gate(g.defined() ? g.data_ptr<T>() : nullptr),
+        bias(gate_bias.defined() ? gate_bias.data_ptr<float>() : nullptr),
         gb(g.defined() ? g.stride(0) : 0),
         gt(g.defined() ? g.stride(1) : 0),
         gh(g.defined() ? g.stride(2) : 0) {}
@@ -1069,7 +1080,8 @@ struct HeadsOut {
   // Row ti of head hi of batch row bi: where it goes, and *norm times its gate.
   T* Row(int64_t bi, int64_t hi, int64_t ti, float* norm) const {
     if (gate == nullptr) return out + ((bi * h + hi) * t + ti) * hd;
-    *norm *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]));
+    *norm *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]) +
+                    (bias != nullptr ? bias[hi] : 0.0f));
     return out + ((bi * t + ti) * h + hi) * hd;
   }
 };
@@ -1143,7 +1155,8 @@ void PackVnni(const torch::Tensor& k, const torch::Tensor& v, int64_t ldk, int32
 // acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge are even.
 torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, const AttentionTiles& tiles,
-                                       double scale, const torch::Tensor& gate) {
+                                       double scale, const torch::Tensor& gate,
+                                       const torch::Tensor& gate_bias) {
   using at::native::cpublas::brgemm;
   const int64_t b = q.size(0), h = q.size(1), hd = q.size(3);
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
@@ -1154,7 +1167,7 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
   PackVnni(k.stride(3) == 1 ? k : k.contiguous(), v.stride(3) == 1 ? v : v.contiguous(), ldk,
            kp.data_ptr<int32_t>(), vp.data_ptr<int32_t>());
   torch::Tensor out = HeadsOutTensor(q, gate);
-  const HeadsOut<at::BFloat16> sink(out, q, gate);
+  const HeadsOut<at::BFloat16> sink(out, q, gate, gate_bias);
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kMatrixRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
@@ -1224,7 +1237,7 @@ TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t 
 
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale, AttentionIsa isa,
-                            const torch::Tensor& gate) {
+                            const torch::Tensor& gate, const torch::Tensor& gate_bias) {
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3);
   TORCH_CHECK(!q.is_cuda() && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() &&
                   k.size(0) == b && k.size(3) == hd && k.size(1) > 0 && h % k.size(1) == 0 &&
@@ -1239,10 +1252,11 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   TORCH_CHECK(!gate.defined() || (gate.dim() == 3 && gate.size(0) == b && gate.size(1) == t &&
                                   gate.size(2) == h && gate.scalar_type() == q.scalar_type()),
               "cpu::TileAttention: expected gate logits [B, T, H] of q's dtype");
+  CheckGateBias(gate, gate_bias, h, "cpu::TileAttention");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
 #if defined(PRAXIS_X86_SIMD)
   if (isa == AttentionIsa::kBest && TakesMatrixUnits(q.scalar_type(), hd) && tiles.block % 2 == 0) {
-    return TileAttentionMatrixUnits(q, k, v, tiles, scale, gate);
+    return TileAttentionMatrixUnits(q, k, v, tiles, scale, gate, gate_bias);
   }
 #endif
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
@@ -1279,7 +1293,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
 #endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "TileAttention", [&] {
     const scalar_t* qp = q.data_ptr<scalar_t>();
-    const HeadsOut<scalar_t> sink(out, q, gate);
+    const HeadsOut<scalar_t> sink(out, q, gate, gate_bias);
     at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
       std::vector<float> qf(kAttentionRows * hd), s(kBlockRows * widest), p(kBlockRows * widest),
           acc(kAttentionRows * hdp), m(kAttentionRows), l(kAttentionRows), alpha(kBlockRows);
@@ -1332,12 +1346,14 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   return out;
 }
 
-torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate) {
+torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate,
+                        const torch::Tensor& gate_bias) {
   TORCH_CHECK(!o.is_cuda() && o.dim() == 4 && o.stride(3) == 1 && gate.dim() == 3 &&
                   gate.size(0) == o.size(0) && gate.size(1) == o.size(2) &&
                   gate.size(2) == o.size(1) && gate.scalar_type() == o.scalar_type(),
               "cpu::GateHeads: expected CPU heads [B, H, T, hd] with unit last stride and gate "
               "logits [B, T, H] of their dtype");
+  CheckGateBias(gate, gate_bias, o.size(1), "cpu::GateHeads");
   RECORD_FUNCTION("praxis::gate_heads", std::vector<c10::IValue>());
   const int64_t b = o.size(0), h = o.size(1), t = o.size(2), hd = o.size(3);
   // The gate logits are read where they lie (a strided slice of the stacked projection) and their
@@ -1349,12 +1365,14 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate) {
     const scalar_t* src = o.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
     const scalar_t* gp = gate.data_ptr<scalar_t>();
+    const float* bias = gate_bias.defined() ? gate_bias.data_ptr<float>() : nullptr;
     at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
       std::vector<float> buf(hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         for (int64_t hi = 0; hi < h; ++hi) {
-          const float g = static_cast<float>(gp[bi * gb + ti * gt + hi * gh]);
+          const float g = static_cast<float>(gp[bi * gb + ti * gt + hi * gh]) +
+                          (bias != nullptr ? bias[hi] : 0.0f);
           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
           ScaleBy(buf.data(), GateOf(g), hd);
           Store(buf.data(), dst + (bt * h + hi) * hd, hd);

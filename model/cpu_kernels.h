@@ -108,15 +108,17 @@ struct AttentionTiles {
 // its key tiles with an online softmax in float32. q [B, H, T, hd], k, v [B, kvH, T, hd] (kvH
 // divides H; kv head j serves query heads j·H/kvH …), any float dtype, last stride 1; scale > 0.
 // Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0. With `gate` (logits
-// [B, T, H] of q's dtype, any strides) returns GateHeads(that, gate) instead, gated as it is
-// stored. The two products run as float32 FMAs in AVX-512 (kAvx512), or plain loops (kPortable);
-// kBest also takes the bf16 matrix units for bf16 heads wider than kNarrowHeadDim where the CPU has
-// them (HasBf16MatrixUnits; the probabilities are then rounded to bf16 before p·v, as LibTorch's
-// flash kernel does). Tests compare every one.
+// [B, T, H] of q's dtype, any strides; `gate_bias`, float32 [H], added to them, or none) returns
+// GateHeads(that, gate, gate_bias) instead, gated as it is stored. The two products run as float32
+// FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest also takes the bf16 matrix units for
+// bf16 heads wider than kNarrowHeadDim where the CPU has them (HasBf16MatrixUnits; the
+// probabilities are then rounded to bf16 before p·v, as LibTorch's flash kernel does). Tests
+// compare every one.
 enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
-                            AttentionIsa isa = AttentionIsa::kBest, const torch::Tensor& gate = {});
+                            AttentionIsa isa = AttentionIsa::kBest, const torch::Tensor& gate = {},
+                            const torch::Tensor& gate_bias = {});
 
 // The tiles TileAttention runs best on, for heads of `dtype` and `head_dim` planned from a mask
 // of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made
@@ -140,10 +142,11 @@ inline constexpr int64_t kNarrowHeadDim = 32;
 bool HasBf16MatrixUnits();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
-// h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits of o's dtype, any
-// strides (sliced from the stacked projection; the sigmoid is taken in float32). Returns a
-// contiguous [B, T, H·hd] of o's dtype.
-torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate);
+// h] + gate_bias[h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits of
+// o's dtype, any strides (sliced from the stacked projection; the sigmoid is taken in float32);
+// gate_bias: float32 [H], or none (0). Returns a contiguous [B, T, H·hd] of o's dtype.
+torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate,
+                        const torch::Tensor& gate_bias = {});
 
 // x · w (+ b) by the float32 GEMM for a bf16 / fp16 weight `w` [in, out] (any strides: a Linear
 // passes its weight transposed), on float32 copies of w and b made at their first call and kept

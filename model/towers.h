@@ -23,6 +23,7 @@ struct BlockWeights {
   // The q, k, v and gate projections stacked by output row ([H·hd | kvH·hd | kvH·hd | H]), with
   // the gate's bias (zeros for q, k, v).
   torch::Tensor qkvg_w, qkvg_b;
+  torch::Tensor gate_b;  // the gate's bias alone, float32 [H]: the CPU adds it where it gates
   bool moe = false;
   torch::Tensor ffn_a, ffn_b, ffn_down;
   MoeWeights moe_w;

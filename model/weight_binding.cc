@@ -75,6 +75,7 @@ void ReadAttention(WeightReader& get, const BackboneConfig& c, int64_t i, BlockW
     bw.qkvg_w = torch::cat({q, k, v, gate_w}, 0);
     bw.qkvg_b =
         torch::cat({torch::zeros({q.size(0) + k.size(0) + v.size(0)}, gate_b.options()), gate_b});
+    bw.gate_b = gate_b.to(torch::kFloat32).contiguous();
   }
   bw.out_w = get(i, P::kOutProjWeight);
   bw.out_b = get(i, P::kOutProjBias);

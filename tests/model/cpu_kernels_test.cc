@@ -211,21 +211,32 @@ TEST(CpuKernelsTest, GateHeadsEqualsTransposeTimesSigmoidInEveryDtype) {
     const torch::Tensor o_bhtd = o_bthd.contiguous();
     const torch::Tensor packed = (4 * torch::randn({b, t, h + 7})).to(dt);
     const torch::Tensor gate = packed.narrow(2, 7, h);
+    // The gate's bias, float32 per head, added to the logits (the projection ran without it).
+    const torch::Tensor bias = 2 * torch::randn({h});
     for (const torch::Tensor& o : {o_bthd, o_bhtd}) {
-      const torch::Tensor want = (o.to(torch::kFloat32).transpose(1, 2) *
-                                  torch::sigmoid(gate.to(torch::kFloat32)).unsqueeze(-1))
-                                     .reshape({b, t, h * hd});
-      const torch::Tensor got = cpu::GateHeads(o, gate);
-      EXPECT_EQ(got.scalar_type(), dt);
-      EXPECT_TRUE(got.is_contiguous());
-      EXPECT_EQ(got.sizes(), want.sizes());
-      // float32: an ulp or two of the product; bf16/fp16: one rounding of the result.
-      const double rel = dt == torch::kFloat32 ? 1e-6 : (dt == torch::kBFloat16 ? 8e-3 : 1e-3);
-      EXPECT_LE(((got.to(torch::kFloat32) - want).abs() - rel * want.abs()).max().item<double>(),
-                1e-7)
-          << dt;
+      for (bool biased : {false, true}) {
+        const torch::Tensor logits = gate.to(torch::kFloat32) + (biased ? bias : torch::zeros({h}));
+        const torch::Tensor want =
+            (o.to(torch::kFloat32).transpose(1, 2) * torch::sigmoid(logits).unsqueeze(-1))
+                .reshape({b, t, h * hd});
+        const torch::Tensor got = biased ? cpu::GateHeads(o, gate, bias) : cpu::GateHeads(o, gate);
+        EXPECT_EQ(got.scalar_type(), dt);
+        EXPECT_TRUE(got.is_contiguous());
+        EXPECT_EQ(got.sizes(), want.sizes());
+        // float32: an ulp or two of the product; bf16/fp16: one rounding of the result.
+        const double rel = dt == torch::kFloat32 ? 1e-6 : (dt == torch::kBFloat16 ? 8e-3 : 1e-3);
+        EXPECT_LE(((got.to(torch::kFloat32) - want).abs() - rel * want.abs()).max().item<double>(),
+                  1e-7)
+            << dt << " biased " << biased;
+      }
     }
   }
+  EXPECT_THROW(cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 2}),
+                              torch::randn({2}, torch::kBFloat16)),
+               c10::Error);
+  EXPECT_THROW(
+      cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 2}), torch::randn({3})),
+      c10::Error);
   EXPECT_THROW(cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 3})), c10::Error);
   EXPECT_THROW(
       cpu::GateHeads(torch::randn({1, 2, 3, 4}), torch::randn({1, 3, 2}, torch::kBFloat16)),
@@ -402,6 +413,7 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
       const torch::Tensor v = torch::randn({2, 2, t, hd});
       // Gate logits as attention gets them: a strided slice of the stacked projection.
       const torch::Tensor gate = (4 * torch::randn({2, t, 4 + 3})).narrow(2, 3, 4);
+      const torch::Tensor gate_bias = 3 * torch::randn({4});
       const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.3);
       for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
         const double tol = dt == torch::kFloat32 ? 1e-5 : dt == torch::kHalf ? 5e-3 : 3e-2;
@@ -420,6 +432,12 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
           EXPECT_LE(MaxAbsDiff(gated, cpu::GateHeads(got[isa], gate.to(dt))),
                     dt == torch::kFloat32 ? 1e-6 : 2e-2)
               << "gated: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
+          // With the gate's bias, as attention passes it where the projection ran without it.
+          const torch::Tensor biased =
+              cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa, gate.to(dt), gate_bias);
+          EXPECT_LE(MaxAbsDiff(biased, cpu::GateHeads(got[isa], gate.to(dt), gate_bias)),
+                    dt == torch::kFloat32 ? 1e-6 : 2e-2)
+              << "biased: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
         }
         if (dt == torch::kBFloat16 && hd > cpu::kNarrowHeadDim && cpu::HasBf16MatrixUnits()) {
           // The matrix units round p to bf16: their output differs from the float32 FMAs'.
