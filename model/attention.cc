@@ -16,12 +16,17 @@
 namespace praxis::model {
 namespace {
 
+// One past the last token of tile `tile` of edge `block_size` in a sequence of `length` tokens (a
+// ragged last tile ends with the sequence).
+int64_t TileEnd(int64_t tile, int64_t block_size, int64_t length) {
+  return std::min(length, (tile + 1) * block_size);
+}
+
 // Token indices of the tiles `tiles` of edge `block_size` in a sequence of `length` tokens.
 torch::Tensor TileTokens(const std::vector<int32_t>& tiles, int64_t block_size, int64_t length) {
   std::vector<torch::Tensor> parts;
   for (int32_t t : tiles) {
-    parts.push_back(
-        torch::arange(t * block_size, std::min(length, (t + 1) * block_size), torch::kInt64));
+    parts.push_back(torch::arange(t * block_size, TileEnd(t, block_size, length), torch::kInt64));
   }
   return parts.empty() ? torch::empty({0}, torch::kInt64) : torch::cat(parts);
 }
@@ -177,7 +182,7 @@ std::vector<KeyGroup> AttendedGroups(const std::vector<KeyTile>& key_tiles, int6
   const int64_t bs = mask.block_size;
   std::vector<KeyGroup> groups;
   for (const KeyTile& kt : key_tiles) {
-    const int64_t end = std::min(mask.kv_len, (kt.tile + int64_t{1}) * bs);
+    const int64_t end = TileEnd(kt.tile, bs, mask.kv_len);
     for (int64_t g = kt.tile * bs; g < end; g += key_group) {
       KeyGroup grp{.start = g, .length = std::min(key_group, end - g)};
       bool any = kt.allowed == nullptr;
@@ -261,7 +266,7 @@ cpu::AttentionTiles BuildTiles(const BlockMask& mask, const MaskRule& rule,
     for (int32_t j : full) key_tiles.push_back({j, nullptr});
     for (int64_t p = 0, column = 0; p < static_cast<int64_t>(partial.size()); ++p) {
       key_tiles.push_back({partial[p], allowed.data_ptr<uint8_t>() + column});
-      column += std::min(mask.kv_len, (partial[p] + int64_t{1}) * bs) - partial[p] * bs;
+      column += TileEnd(partial[p], bs, mask.kv_len) - partial[p] * bs;
     }
     std::sort(key_tiles.begin(), key_tiles.end());
     for (int64_t r0 = 0; r0 < q.numel(); r0 += shape.rows) {

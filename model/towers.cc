@@ -46,19 +46,19 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
   // On the CPU the projection runs without its bias (zero but for the gate's): addmm's broadcast
   // of it into the output took 1.4 ms of a bench small B8 bf16 step's profile on an AMX Xeon
   // (stop 32), and the gate takes its bias where it is applied.
-  const bool cpu = !u_in.is_cuda();
-  const auto qkvg = Linear(u_in, bw.qkvg_w, cpu ? torch::Tensor() : bw.qkvg_b)
+  const bool on_cpu = !u_in.is_cuda();
+  const auto qkvg = Linear(u_in, bw.qkvg_w, on_cpu ? torch::Tensor() : bw.qkvg_b)
                         .split({h * hd, kvh * hd, kvh * hd, h}, -1);
   // [B, heads, T, hd] after the qk norm and the rotary embedding.
   auto heads = [&](const torch::Tensor& x, const torch::Tensor& norm) {
-    if (!x.is_cuda()) return cpu::NormRopeHeads(x, norm, c.norm_eps, ctx.rope.cos, ctx.rope.sin);
+    if (on_cpu) return cpu::NormRopeHeads(x, norm, c.norm_eps, ctx.rope.cos, ctx.rope.sin);
     return ApplyRope(norm.defined() ? RmsNormWith(x, norm, c.norm_eps) : x, ctx.rope)
         .transpose(1, 2);
   };
   torch::Tensor q = heads(qkvg[0].view({b, t, h, hd}), bw.q_norm);
   torch::Tensor k = heads(qkvg[1].view({b, t, kvh, hd}), bw.k_norm);
   torch::Tensor v = qkvg[2].view({b, t, kvh, hd}).transpose(1, 2);
-  if (ctx.mode == AttentionMode::kDense || q.is_cuda()) {
+  if (ctx.mode == AttentionMode::kDense || !on_cpu) {
     // These kernels want a k/v head per query head; the sparse CPU path shares them (GQA).
     k = ExpandKvHeads(k, h);
     v = ExpandKvHeads(v, h);
@@ -68,7 +68,7 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
   torch::Tensor o;  // gated, [B, T, H·hd]
   {
     RECORD_FUNCTION("praxis::attention_core", std::vector<c10::IValue>());
-    if (!q.is_cuda()) {
+    if (on_cpu) {
       // Gated as TileAttention stores it where it runs: one pass less over the heads.
       o = sparse
               ? GatedSparseAttention(q, k, v, ctx.mask.plan, scale, qkvg[3], bw.gate_b)
