@@ -9,7 +9,7 @@ For each config: one checkpoint of deterministic random weights (tests/reference
 For each (layout, batch): one step file of random float32 inputs. Each cell times the reference's
 forward in this process (inference mode, `--threads` intra-op threads, one untimed warm-up, then
 `--repeats` timed runs) and then step_bench (the server's StepRunner::Run, same threads, warm-up and
-repeats) in a child process, one after the other so that they never share the cores. Prints the
+repeats; its text cache off, as the reference projects every step's text) in a child process, one after the other so that they never share the cores. Prints the
 CPU model and ISA flags and a table of medians with the ratio C++ / reference (< 0.5 is the issue's
 target). With --gemm_bound each side's GEMM calls (aten mm, addmm, bmm, baddbmm) in one forward are
 recorded and timed alone in the same run (the reference's here, the C++ side's by step_bench
@@ -133,7 +133,9 @@ def time_cpp(step_bench: str, checkpoint: str, dtype: str, inputs: str, threads:
     """step_bench's JSON line: times_ms, median_ms (and gemm_ms, gemm_calls with gemm_bound)."""
     out = subprocess.run([step_bench, f"--checkpoint={checkpoint}", f"--dtype={dtype}",
                           f"--inputs={inputs}", f"--threads={threads}", f"--repeats={repeats}",
-                          f"--gemm_bound={str(gemm_bound).lower()}"],
+                          f"--gemm_bound={str(gemm_bound).lower()}",
+                          # Like for like: the reference projects every row's text every step.
+                          "--text_cache_entries=0"],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, inputs, "", "step file (text, anchor, [clean], noised, ti
 ABSL_FLAG(std::string, layout, "",
           "without --inputs: synthetic inputs of this layout (text_len,h,w,K,F; praxis-load's "
           "--mix form), --rows rows");
+ABSL_FLAG(int64_t, text_cache_entries, 64,
+          "texts whose projected tokens stay cached (praxis-server's --text_cache_entries); 0 "
+          "projects every row's text every step, as the PyTorch reference does");
 ABSL_FLAG(int64_t, rows, 1, "rows of the synthetic inputs (--layout)");
 ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs (after one untimed warm-up run)");
@@ -76,6 +79,7 @@ absl::Status Run() {
   BackboneOptions options;
   PRAXIS_ASSIGN_OR_RETURN(options.attention,
                           ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
+  options.text_cache_entries = absl::GetFlag(FLAGS_text_cache_entries);
   PRAXIS_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(source, options));
   BackboneStepRunner runner(std::move(loaded.model));
   PRAXIS_ASSIGN_OR_RETURN(StepInputs in, Inputs(runner.config()));

@@ -58,7 +58,11 @@ VideoBackbone::VideoBackbone(BackboneConfig config, BackboneOptions options,
       float32_hold_(std::move(float32_hold)),
       w_(std::move(w)),
       mask_cache_(options.mask_cache_entries, options.mask_cache_bytes),
-      plans_("a layout plan", options.mask_cache_entries, options.mask_cache_bytes) {}
+      plans_("a layout plan", options.mask_cache_entries, options.mask_cache_bytes) {
+  if (options.device.is_cpu() && options.text_cache_entries > 0) {
+    texts_ = std::make_unique<TextCache>(options.text_cache_entries, options.text_cache_bytes);
+  }
+}
 
 VideoBackbone::~VideoBackbone() = default;
 
@@ -193,8 +197,10 @@ BackboneOutput VideoBackbone::RunPlanned(const StepInputs& in, const LayoutPlan&
   const BackboneConfig& c = config_;
   const int64_t f = in.frames_per_chunk;
   const TowerContext enc{c, *plan.enc_mask, plan.enc_rope, options_.attention};
+  auto text_in = [&](const torch::Tensor& text) { return TextIn(c, w_->enc, text); };
+  const torch::Tensor text = texts_ ? texts_->Tokens(in.text, text_in) : text_in(in.text);
   EncoderResult er =
-      RunEncoder(w_->enc, enc, in.text, in.anchor, in.clean, in.noised, in.timesteps, f);
+      RunEncoder(w_->enc, enc, text, in.anchor, in.clean, in.noised, in.timesteps, f);
   BackboneOutput out;
   if (plan.dec_mask != nullptr) {
     const TowerContext dec{c, *plan.dec_mask, plan.dec_rope, options_.attention};

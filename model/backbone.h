@@ -22,6 +22,7 @@
 #include "model/mask_cache.h"
 #include "model/step.h"
 #include "model/step_validation.h"  // ValidateStep, Forward's check
+#include "model/text_cache.h"
 
 namespace praxis::model {
 
@@ -38,6 +39,11 @@ struct BackboneOptions {
   // Whether a 16-bit model on the CPU is computed in float32 (VideoBackbone::compute_dtype); by
   // default where ReducedGemmInFloat32 says its dtype's GEMM is emulated or the slower one.
   std::optional<bool> cpu_float32_compute = std::nullopt;
+  // On the CPU, the texts whose projected tokens stay cached (model/text_cache.h) and the bytes
+  // they may hold; 0 entries projects every row's text every step. Ignored on CUDA, where the
+  // step runs as one captured graph.
+  int64_t text_cache_entries = 0;
+  int64_t text_cache_bytes = int64_t{128} << 20;
 };
 
 // What a step needs besides its tensors, a function of its layout key alone and decided on the
@@ -105,6 +111,8 @@ class VideoBackbone {
   const MaskCache& mask_cache() const { return mask_cache_; }
   // Hits, misses and size of the layout-plan cache.
   CacheStats plan_cache_stats() const { return plans_.stats(); }
+  // Hits, misses and size of the text cache; all zero where there is none.
+  CacheStats text_cache_stats() const { return texts_ ? texts_->stats() : CacheStats{}; }
   // The dtype of the parameters as loaded (the config's).
   torch::ScalarType dtype() const;
   // The dtype the model computes in and returns its float outputs in: dtype(), or float32 for a
@@ -127,6 +135,7 @@ class VideoBackbone {
   std::unique_ptr<BackboneWeights> w_;
   MaskCache mask_cache_;
   SharedLruCache<std::string, LayoutPlan> plans_;  // by wire::LayoutKey
+  std::unique_ptr<TextCache> texts_;               // null: none (CUDA, or 0 entries)
 };
 
 }  // namespace praxis::model

@@ -32,6 +32,8 @@ class StepRunner {
   virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
                                              const OutputSelection& wanted) = 0;
   virtual MaskCacheStats mask_cache_stats() const = 0;
+  // The text cache's counters (model/text_cache.h); all zero where there is none.
+  virtual CacheStats text_cache_stats() const { return {}; }
   virtual std::string device() const = 0;  // "cpu", "cuda:0"
   virtual std::string dtype() const = 0;   // "float32", "bfloat16", "float16"
   // Bytes the device allocator holds now; nullopt where the device keeps no such count (CPU).
@@ -62,6 +64,7 @@ class BackboneStepRunner : public StepRunner {
   absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
                                      const OutputSelection& wanted) override;
   MaskCacheStats mask_cache_stats() const override { return model_->mask_cache().stats(); }
+  CacheStats text_cache_stats() const override { return model_->text_cache_stats(); }
   std::string device() const override;
   std::string dtype() const override;
   std::optional<int64_t> device_memory_bytes() const override;

@@ -91,16 +91,16 @@ torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tens
                      : SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down));
 }
 
+}  // namespace
+
 torch::Tensor TextIn(const BackboneConfig& c, const EncoderWeights& w, const torch::Tensor& text) {
   torch::Tensor x = Linear(text, w.text_fc1_w, w.text_fc1_b);
   x = torch::gelu(x, c.gelu_approximate == "tanh" ? "tanh" : "none");
   return RmsNorm(Linear(x, w.text_fc2_w, w.text_fc2_b), w.text_norm, c.norm_eps);
 }
 
-}  // namespace
-
 EncoderResult RunEncoder(const EncoderWeights& w, const TowerContext& ctx,
-                         const torch::Tensor& text, const torch::Tensor& anchor,
+                         const torch::Tensor& text_tokens, const torch::Tensor& anchor,
                          const torch::Tensor& clean, const torch::Tensor& noised,
                          const torch::Tensor& timesteps, int64_t frames_per_chunk) {
   const BackboneConfig& c = ctx.config;
@@ -111,7 +111,7 @@ EncoderResult RunEncoder(const EncoderWeights& w, const TowerContext& ctx,
     return Linear(VideoTokens(x), tw.video_in_w, tw.video_in_b);
   };
   std::vector<torch::Tensor> parts = {
-      tw.registers.unsqueeze(0).expand({b, -1, -1}), video_in(anchor), TextIn(c, w, text),
+      tw.registers.unsqueeze(0).expand({b, -1, -1}), video_in(anchor), text_tokens,
       ModulateChunks(c, tw, video_in(noised), timesteps, frames_per_chunk * h * wd)};
   if (clean.defined()) {
     auto [shift, scale] = TimeModulation(
@@ -129,7 +129,8 @@ EncoderResult RunEncoder(const EncoderWeights& w, const TowerContext& ctx,
     by_block[i] = x;
   }
   for (int64_t i : taps) out.taps.push_back(by_block[i]);
-  const int64_t noised_start = c.num_registers + anchor.size(3) * anchor.size(4) + text.size(1);
+  const int64_t noised_start =
+      c.num_registers + anchor.size(3) * anchor.size(4) + text_tokens.size(1);
   out.cond = Linear(x.narrow(1, noised_start, kf * h * wd), w.enc_out_w, w.enc_out_b)
                  .reshape({b, kf, h, wd, c.dim});
   return out;

@@ -68,9 +68,14 @@ struct EncoderResult {
   std::vector<torch::Tensor> taps;
 };
 
-// The encoder over [registers | anchor | text | noised | clean]; clean may be undefined.
+// The encoder's text tokens [B, L, dim] of `text` [B, L, text_dim]: a function of the text alone
+// (what model/text_cache.h keeps per instruction).
+torch::Tensor TextIn(const BackboneConfig& c, const EncoderWeights& w, const torch::Tensor& text);
+
+// The encoder over [registers | anchor | text | noised | clean], given the text's tokens
+// (TextIn); clean may be undefined.
 EncoderResult RunEncoder(const EncoderWeights& w, const TowerContext& ctx,
-                         const torch::Tensor& text, const torch::Tensor& anchor,
+                         const torch::Tensor& text_tokens, const torch::Tensor& anchor,
                          const torch::Tensor& clean, const torch::Tensor& noised,
                          const torch::Tensor& timesteps, int64_t frames_per_chunk);
 

@@ -64,6 +64,11 @@ ABSL_FLAG(int64_t, mask_cache_entries, 64,
           "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
           "bytes the cached masks and attention plans may hold (least recently used evicted)");
+ABSL_FLAG(int64_t, text_cache_entries, 64,
+          "on cpu, instructions whose projected text tokens stay cached, by the text's bytes (a "
+          "robot sends the same one every step); 0 projects every row's text every step");
+ABSL_FLAG(int64_t, text_cache_bytes, int64_t{128} << 20,
+          "bytes the cached texts and their tokens may hold (least recently used evicted)");
 ABSL_FLAG(int64_t, max_batch_size, 8, "a batch closes at this many rows");
 ABSL_FLAG(absl::Duration, max_queue_delay, absl::ZeroDuration(),
           "... or this long after its oldest request arrived. 0: a batch starts as soon as the "
@@ -231,6 +236,13 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
                           model::ParseAttention(absl::GetFlag(FLAGS_attention), "--attention"));
   backbone->mask_cache_entries = absl::GetFlag(FLAGS_mask_cache_entries);
   backbone->mask_cache_bytes = absl::GetFlag(FLAGS_mask_cache_bytes);
+  backbone->text_cache_entries = absl::GetFlag(FLAGS_text_cache_entries);
+  backbone->text_cache_bytes = absl::GetFlag(FLAGS_text_cache_bytes);
+  if (backbone->text_cache_entries < 0 || backbone->text_cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--text_cache_entries and --text_cache_bytes must be >= 0, got ",
+                     backbone->text_cache_entries, " and ", backbone->text_cache_bytes));
+  }
   const model::ModelSource source{.checkpoint = absl::GetFlag(FLAGS_checkpoint),
                                   .config_path = absl::GetFlag(FLAGS_config),
                                   .seed = absl::GetFlag(FLAGS_seed),

@@ -46,6 +46,7 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
   std::vector<MetricFamily> Collect() const override {
     const LiveValues v = live_();
     const auto& mc = v.mask_cache;
+    const auto& tc = v.text_cache;
     std::vector<MetricFamily> out = {
         Family("praxis_queue_depth", "Requests queued in the batcher, all layout keys.",
                MetricType::Gauge, v.queued_requests),
@@ -61,6 +62,17 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
                MetricType::Gauge, mc.entries),
         Family("praxis_mask_cache_bytes", "Bytes the cached masks and plans hold.",
                MetricType::Gauge, mc.bytes),
+        Family("praxis_text_cache_hits_total",
+               "Text rows whose projected tokens came from the text cache.", MetricType::Counter,
+               tc.hits),
+        Family("praxis_text_cache_misses_total", "Text rows projected and cached.",
+               MetricType::Counter, tc.misses),
+        Family("praxis_text_cache_evictions_total", "Projected texts evicted.", MetricType::Counter,
+               tc.evictions),
+        Family("praxis_text_cache_entries", "Texts held in the text cache.", MetricType::Gauge,
+               tc.entries),
+        Family("praxis_text_cache_bytes", "Bytes the cached texts and their tokens hold.",
+               MetricType::Gauge, tc.bytes),
         Family("praxis_pending_response_bytes",
                "Answer bytes admitted but not yet taken by their readers.", MetricType::Gauge,
                v.pending_response_bytes),

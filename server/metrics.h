@@ -27,6 +27,7 @@ struct LiveValues {
   int64_t queued_requests = 0;
   int64_t queued_bytes = 0;
   model::MaskCacheStats mask_cache;
+  CacheStats text_cache;  // zero where the model keeps none
   std::optional<int64_t> device_memory_bytes;
   std::optional<model::GraphStats> graphs;  // absent where steps run eagerly
   int64_t pending_response_bytes = 0;       // answers admitted but not yet taken by their readers

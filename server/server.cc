@@ -86,6 +86,7 @@ absl::Status PraxisServer::Start() {
     return LiveValues{b.queued_requests,
                       b.queued_bytes,
                       runner_->mask_cache_stats(),
+                      runner_->text_cache_stats(),
                       runner_->device_memory_bytes(),
                       runner_->graph_stats(),
                       s.pending_response_bytes,

@@ -158,3 +158,32 @@ def test_server_answer_pipeline_flag():
         assert "answer_pipeline on" in s.log(), s.log()
     finally:
         s.stop()
+
+
+def test_server_text_cache():
+    """--text_cache_entries: a negative value is refused naming the flag; served steps that repeat
+    an instruction reuse its projection (the metrics say so), and 0 turns the cache off."""
+    from server_process import SERVER
+    r = run(SERVER, "--port=0", "--metrics_port=-1", "--text_cache_entries=-1")
+    assert r.returncode != 0 and "--text_cache_entries and --text_cache_bytes must be >= 0" in r.stderr, r
+
+    def text_cache(*flags):
+        s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", *flags)
+        try:
+            # praxis-load sends one instruction per layout, as a robot does with every step.
+            r = run(LOAD, f"--address={s.address}", "--requests=6", "--concurrency=1", "--warmup=0s",
+                    "--mix=5,3,4,2,1")
+            assert r.returncode == 0, r.stderr
+            with urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics") as m:
+                text = m.read().decode()
+        finally:
+            s.stop()
+        return {name: float(line.split()[-1]) for line in text.splitlines()
+                for name in ("praxis_text_cache_hits_total", "praxis_text_cache_misses_total",
+                             "praxis_text_cache_entries") if line.startswith(name + " ")}
+
+    on = text_cache()
+    assert on["praxis_text_cache_misses_total"] >= 1 and on["praxis_text_cache_hits_total"] >= 5, on
+    off = text_cache("--text_cache_entries=0")
+    assert off == {"praxis_text_cache_hits_total": 0, "praxis_text_cache_misses_total": 0,
+                   "praxis_text_cache_entries": 0}, off

@@ -25,8 +25,9 @@ using fixtures::kLayouts;
 using fixtures::kTimeout;
 using fixtures::MaxAbsDiff;
 
+// With the server's default text cache: each row's text projected alone, in both.
 std::unique_ptr<model::VideoBackbone> TinyModel() {
-  return std::move(model::LoadModel({}, {}).value().model);
+  return std::move(model::LoadModel({}, {.text_cache_entries = 64}).value().model);
 }
 
 class ModelServerTest : public ::testing::Test {

@@ -355,6 +355,11 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_EQ(Sample(m, "praxis_pending_response_bytes").value_or(-1), 0) << "nothing unread";
   EXPECT_EQ(Sample(m, "praxis_write_timeouts_total").value_or(-1), 0);
   EXPECT_TRUE(Sample(m, "praxis_mask_cache_evictions_total").has_value());
+  for (const char* family : {"praxis_text_cache_hits_total", "praxis_text_cache_misses_total",
+                             "praxis_text_cache_evictions_total", "praxis_text_cache_entries",
+                             "praxis_text_cache_bytes"}) {
+    EXPECT_TRUE(Sample(m, family).has_value()) << family;
+  }
   EXPECT_TRUE(Sample(m, "praxis_pipelined_answers_total").has_value());
   EXPECT_EQ(Sample(m, "praxis_queue_depth"), 0);
   EXPECT_TRUE(Sample(m, "praxis_queue_bytes").has_value());
