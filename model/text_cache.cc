@@ -14,6 +14,7 @@ namespace praxis::model {
 torch::Tensor TextCache::Tokens(const torch::Tensor& text, Project project) {
   const torch::Tensor t = text.contiguous();
   const int64_t n = t.size(0);
+  if (n == 0) return project(t);
   const size_t row_bytes = static_cast<size_t>(t.nbytes() / n);
   auto bytes = [&](int64_t i) {
     return absl::string_view(static_cast<const char*>(t.data_ptr()) + i * row_bytes, row_bytes);

@@ -55,7 +55,7 @@ TEST(TextCacheTest, SameBytesInAnotherDtypeOrShapeAreAnotherText) {
   const torch::Tensor as_int = a.view(torch::kInt32);   // the same bytes as int32
   const torch::Tensor reshaped = a.reshape({1, 6, 4});  // the same bytes, [1, 6, 4]
   cache.Tokens(a, std::ref(project));
-  cache.Tokens(as_int.to(torch::kFloat32).view({1, 3, 8}), std::ref(project));  // other bytes
+  cache.Tokens(as_int, std::ref(project));
   cache.Tokens(reshaped, std::ref(project));
   EXPECT_EQ(project.rows, 3);
   EXPECT_EQ(cache.stats().hits, 0);
