@@ -102,7 +102,8 @@ class VideoBackbone {
                                                 const LayoutPlan& plan) const;
   // Both towers over `in` (validated, on the device, of `plan`'s layout): device work only, so on
   // CUDA it queues kernels and returns without waiting for them. Positions come from the plan, on
-  // the host. Throws on a LibTorch failure; the caller turns that into a status.
+  // the host; on the CPU, each row's text tokens from the text cache where there is one. Throws
+  // on a LibTorch failure; the caller turns that into a status.
   BackboneOutput RunPlanned(const StepInputs& in, const LayoutPlan& plan) const;
 
   const BackboneConfig& config() const { return config_; }

@@ -97,6 +97,9 @@ class StepReactor final : public grpc::ServerWriteReactor<v1::StepResponse> {
   StepReactor(StepContext& service, grpc::CallbackServerContext* ctx,
               const v1::StepRequest* request)
       : chain_(service, ctx, "Step") {
+    // While the step computes, not with the header's write after it: one send fewer between the
+    // model's result and the client.
+    StartSendInitialMetadata();
     chain_.Submit(*request, CallDeadline(ctx), cancelled_,
                   [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); });
   }
