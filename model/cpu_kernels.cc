@@ -1050,8 +1050,12 @@ void CheckGateBias(const torch::Tensor& gate, const torch::Tensor& bias, int64_t
               who, ": expected the gate bias float32 [H], contiguous, beside gate logits");
 }
 
-// A head's gate from its logit, as GateHeads and TileAttention's gated stores take it.
-inline float GateOf(float logit) { return 1.0f / (1.0f + std::exp(-logit)); }
+// Head `head`'s gate from its logit and the gate's float32 bias (or null), as GateHeads and
+// TileAttention's gated stores take it.
+inline float GateOf(float logit, const float* bias, int64_t head) {
+  if (bias != nullptr) logit += bias[head];
+  return 1.0f / (1.0f + std::exp(-logit));
+}
 
 // Where TileAttention stores a row of output: [B, H, T, hd], or with gate logits [B, T, H] (any
 // strides) and their per-head bias (float32 [H], or none) GateHeads's [B, T, H·hd], the row times
@@ -1080,8 +1084,7 @@ struct HeadsOut {
   // Row ti of head hi of batch row bi: where it goes, and *norm times its gate.
   T* Row(int64_t bi, int64_t hi, int64_t ti, float* norm) const {
     if (gate == nullptr) return out + ((bi * h + hi) * t + ti) * hd;
-    *norm *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]) +
-                    (bias != nullptr ? bias[hi] : 0.0f));
+    *norm *= GateOf(static_cast<float>(gate[bi * gb + ti * gt + hi * gh]), bias, hi);
     return out + ((bi * t + ti) * h + hi) * hd;
   }
 };
@@ -1371,10 +1374,9 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate,
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         for (int64_t hi = 0; hi < h; ++hi) {
-          const float g = static_cast<float>(gp[bi * gb + ti * gt + hi * gh]) +
-                          (bias != nullptr ? bias[hi] : 0.0f);
+          const float g = GateOf(static_cast<float>(gp[bi * gb + ti * gt + hi * gh]), bias, hi);
           Load(src + bi * sb + hi * sh + ti * st, buf.data(), hd);
-          ScaleBy(buf.data(), GateOf(g), hd);
+          ScaleBy(buf.data(), g, hd);
           Store(buf.data(), dst + (bt * h + hi) * hd, hd);
         }
       }
