@@ -12,6 +12,9 @@ ABSL_FLAG(std::string, tls_server_name, "", "name to check the server certificat
 ABSL_FLAG(std::string, token_file, "",
           "file whose first line is the bearer token sent on every call (servers with "
           "--auth_token_file)");
+ABSL_FLAG(bool, resend_session_text, false,
+          "send each Session step's text even where the server keeps it (its answers' text_kept): "
+          "for measuring what leaving it out saves");
 
 namespace praxis::client {
 
@@ -23,6 +26,7 @@ ClientOptions ClientOptionsFromFlags() {
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.resend_session_text = absl::GetFlag(FLAGS_resend_session_text);
   return o;
 }
 

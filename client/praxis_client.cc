@@ -1,5 +1,6 @@
 #include "client/praxis_client.h"
 
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/security/credentials.h>
 
 #include <algorithm>
@@ -167,10 +168,12 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Hea
 }
 
 std::unique_ptr<Session> Client::OpenSession(absl::Duration timeout) const {
-  return std::make_unique<Session>(*stub_, timeout, options_.token);
+  return std::make_unique<Session>(*stub_, timeout, options_.token, options_.resend_session_text);
 }
 
-Session::Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token) {
+Session::Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token,
+                 bool resend_text)
+    : resend_text_(resend_text) {
   ctx_.set_deadline(After(timeout));
   AddToken(ctx_, token);
   stream_ = stub.Session(&ctx_);
@@ -186,9 +189,19 @@ Session::~Session() {
 absl::StatusOr<StepReply> Session::Step(const v1::StepRequest& request) {
   if (closed_) return absl::FailedPreconditionError("the session is closed");
   if (!broken_.ok()) return broken_;
+  const bool leave_out =
+      !resend_text_ && kept_text_.has_value() && request.has_text() &&
+      google::protobuf::util::MessageDifferencer::Equals(request.text(), *kept_text_);
+  std::optional<v1::StepRequest> light;
+  if (leave_out) {
+    light.emplace(request);
+    light->clear_text();
+  }
+  // Until this step's answer says otherwise; a failed step sends its text next time.
+  std::optional<v1::Tensor> kept = std::exchange(kept_text_, std::nullopt);
   StepAssembler assembler;
   v1::StepResponse msg;
-  if (stream_->Write(request)) {
+  if (stream_->Write(leave_out ? *light : request)) {
     while (stream_->Read(&msg)) {
       absl::StatusOr<bool> done = assembler.Add(msg);
       if (!done.ok()) {
@@ -197,7 +210,16 @@ absl::StatusOr<StepReply> Session::Step(const v1::StepRequest& request) {
         ctx_.TryCancel();
         return broken_;
       }
-      if (*done) return assembler.Take();
+      if (!*done) continue;
+      StepReply reply = assembler.Take();
+      if (reply.header.text_kept()) {
+        if (leave_out) {
+          kept_text_ = std::move(kept);
+        } else if (request.has_text()) {
+          kept_text_ = request.text();
+        }
+      }
+      return reply;
     }
   }
   // The stream ended: its final status says why.

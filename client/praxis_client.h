@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_receive_bytes = int64_t{64} << 20;  // per message (chunks are ≤ 1 MiB by default)
   bool own_connection = false;  // a TCP connection of its own, not shared with other Clients
+  // Send a Session step's text even where the server keeps it (the answers' text_kept): for
+  // measuring what leaving it out saves.
+  bool resend_session_text = false;
 };
 
 // The gRPC status as an absl::Status (same codes, same message).
@@ -73,12 +77,15 @@ class Client {
 };
 
 // One Session call: steps are sent and answered one at a time, in order. A failed step returns its
-// error and the session goes on; a broken stream returns its final status from then on. Not
-// thread-safe (one robot, one control loop).
+// error and the session goes on; a broken stream returns its final status from then on. A step's
+// text equal to the one the server said it keeps (StepHeader.text_kept) is left out of the
+// message: a robot's instruction crosses the wire once, not with every step. Not thread-safe
+// (one robot, one control loop).
 class Session {
  public:
-  // `token`: sent as the bearer token when not empty.
-  Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token = "");
+  // `token`: sent as the bearer token when not empty. `resend_text`: never leave text out.
+  Session(v1::Praxis::Stub& stub, absl::Duration timeout, const std::string& token = "",
+          bool resend_text = false);
   ~Session();
 
   absl::StatusOr<StepReply> Step(const v1::StepRequest& request);
@@ -90,6 +97,8 @@ class Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
   bool closed_ = false;
   absl::Status broken_;
+  const bool resend_text_;
+  std::optional<v1::Tensor> kept_text_;  // what the server keeps for this session, per its answer
 };
 
 // The server admits 64 concurrent streams per connection by default

@@ -14,9 +14,10 @@
 namespace praxis::serve {
 
 // A bound on bytes held on behalf of callers (praxis-server: answers planned, computed or being
-// written but not yet taken by their readers). A step reserves its answer's size before it is
-// queued, and is refused when the reservation does not fit, so an answer nobody reads is never
-// computed beyond the bound. Thread-safe; must outlive its reservations.
+// written but not yet taken by their readers, and the texts sessions keep). A step reserves its
+// answer's size before it is queued, and is refused when the reservation does not fit, so an
+// answer nobody reads is never computed beyond the bound. Thread-safe; must outlive its
+// reservations.
 class ByteBudget {
  public:
   // Holds `bytes` of a budget until destroyed (or moved from). Not thread-safe itself.
@@ -45,16 +46,17 @@ class ByteBudget {
     int64_t bytes_ = 0;
   };
 
-  // `name` is the flag that sets `limit`, for the error message.
-  ByteBudget(int64_t limit, std::string name) : limit_(limit), name_(std::move(name)) {}
+  // `name` is the flag that sets `limit` and `what` what the bytes hold, for the error message.
+  ByteBudget(int64_t limit, std::string name, std::string what)
+      : limit_(limit), name_(std::move(name)), what_(std::move(what)) {}
 
   // `bytes` of the budget, or ResourceExhausted naming the limit when they do not fit.
   absl::StatusOr<Reservation> Reserve(int64_t bytes) {
     absl::MutexLock lock(&mu_);
     if (bytes > limit_ - used_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("answers held for slow readers: ", used_, " bytes, and this one needs ",
-                       bytes, " more (", name_, "=", limit_, "); not computed, retry later"));
+      return absl::ResourceExhaustedError(absl::StrCat(what_, ": ", used_,
+                                                       " bytes, and this one needs ", bytes,
+                                                       " more (", name_, "=", limit_, ")"));
     }
     used_ += bytes;
     return Reservation(this, bytes);
@@ -80,6 +82,7 @@ class ByteBudget {
 
   const int64_t limit_;
   const std::string name_;
+  const std::string what_;
   mutable absl::Mutex mu_;
   int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
 };

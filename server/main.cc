@@ -101,6 +101,9 @@ ABSL_FLAG(int64_t, max_response_bytes, 0,
 ABSL_FLAG(int64_t, max_pending_response_bytes, int64_t{512} << 20,
           "answer bytes admitted but not yet taken by their readers, all calls; beyond it new "
           "steps are refused RESOURCE_EXHAUSTED, never computed");
+ABSL_FLAG(int64_t, max_session_text_bytes, int64_t{256} << 20,
+          "text bytes kept for Session steps that leave text out, all sessions; a session whose "
+          "text does not fit keeps none and must send text with every step; 0: none kept");
 ABSL_FLAG(absl::Duration, write_timeout, absl::Seconds(30),
           "a call whose reader takes no data for this long is cancelled and its answer freed");
 ABSL_FLAG(int32_t, max_streams_per_connection, 64, "concurrent calls on one HTTP/2 connection");
@@ -173,6 +176,7 @@ ServerOptions OptionsFromFlags(const model::BackboneConfig& config, bool dense_a
   if (l.max_response_bytes <= 0) l.max_response_bytes = largest.response_bytes;
   if (o.max_message_bytes <= 0) o.max_message_bytes = largest.request_bytes;
   o.service.max_pending_response_bytes = absl::GetFlag(FLAGS_max_pending_response_bytes);
+  o.service.max_session_text_bytes = absl::GetFlag(FLAGS_max_session_text_bytes);
   o.service.write_timeout = absl::GetFlag(FLAGS_write_timeout);
   o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
   o.request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
@@ -323,6 +327,10 @@ absl::Status Run() {
                                                    absl::GetFlag(FLAGS_max_float32_weight_bytes)));
   }
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
+  if (absl::GetFlag(FLAGS_max_session_text_bytes) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_session_text_bytes must be >= 0, got ",
+                                                   absl::GetFlag(FLAGS_max_session_text_bytes)));
+  }
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;

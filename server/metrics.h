@@ -31,6 +31,7 @@ struct LiveValues {
   std::optional<int64_t> device_memory_bytes;
   std::optional<model::GraphStats> graphs;  // absent where steps run eagerly
   int64_t pending_response_bytes = 0;       // answers admitted but not yet taken by their readers
+  int64_t session_text_bytes = 0;           // texts kept by sessions
   int64_t write_timeouts = 0;               // calls cancelled for a stalled reader
 };
 

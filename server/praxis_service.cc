@@ -34,18 +34,20 @@ class AnswerChain {
 
   // Starts a step; `done` receives its result (see StepContext::Submit).
   void Submit(const v1::StepRequest& request, absl::Time deadline,
-              std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done) {
+              std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
+              SessionText* session) {
     start_ = absl::Now();
     request_id_ = request.request_id();
     ctx_.metrics().AddReceivedBytes(static_cast<int64_t>(request.ByteSizeLong()));
-    ctx_.Submit(request, deadline, std::move(cancelled), std::move(done), &admitted_);
+    ctx_.Submit(request, deadline, std::move(cancelled), std::move(done), &admitted_, session);
   }
 
   // The batcher's result: OK once the first message is ready to write, else the step's error.
   absl::Status Start(absl::StatusOr<StepResult> r) {
     if (!r.ok()) return r.status();
-    absl::StatusOr<StepResponder> responder = StepResponder::Create(
-        *r, admitted_.plan, request_id_, start_, ctx_.options().max_chunk_bytes);
+    absl::StatusOr<StepResponder> responder =
+        StepResponder::Create(*r, admitted_.plan, request_id_, start_,
+                              ctx_.options().max_chunk_bytes, admitted_.text_kept);
     if (!responder.ok()) return responder.status();
     responder_.emplace(*std::move(responder));
     return absl::OkStatus();
@@ -100,8 +102,9 @@ class StepReactor final : public grpc::ServerWriteReactor<v1::StepResponse> {
     // While the step computes, not with the header's write after it: one send fewer between the
     // model's result and the client.
     StartSendInitialMetadata();
-    chain_.Submit(*request, CallDeadline(ctx), cancelled_,
-                  [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); });
+    chain_.Submit(
+        *request, CallDeadline(ctx), cancelled_,
+        [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); }, nullptr);
   }
 
   void OnWriteDone(bool ok) override {
@@ -182,8 +185,13 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1:
     }
     if (!ok) return End(absl::OkStatus());  // the client closed its side (or the call ended)
     if (service_.draining()) return End(Draining());
-    chain_.Submit(request_, deadline_, cancelled_,
-                  [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); });
+    // Taken out of request_, so that an idle session holds its decoded text at most, not the
+    // message's bytes too, and the next read (possibly started on another thread before Submit
+    // returns) fills a message nothing else touches.
+    const v1::StepRequest request = std::move(request_);
+    chain_.Submit(
+        request, deadline_, cancelled_,
+        [this](absl::StatusOr<StepResult> r) { OnResult(std::move(r)); }, &text_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -255,6 +263,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1:
   const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   v1::StepRequest request_;
   v1::StepResponse msg_;
+  SessionText text_;  // touched only in Submit, before the step is queued
   absl::Mutex mu_;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -268,7 +277,10 @@ PraxisService::PraxisService(ServiceOptions options, const model::BackboneConfig
       batcher_(batcher),
       metrics_(metrics),
       info_(std::move(info)),
-      pending_(options_.max_pending_response_bytes, "--max_pending_response_bytes"),
+      pending_(options_.max_pending_response_bytes, "--max_pending_response_bytes",
+               "answers held for slow readers"),
+      session_texts_(options_.max_session_text_bytes, "--max_session_text_bytes",
+                     "texts kept by sessions"),
       watchdog_(options_.write_timeout) {}
 
 PraxisService::~PraxisService() = default;
@@ -290,7 +302,8 @@ void PraxisService::StartDrain() {
 bool PraxisService::WaitForAnswers(absl::Time deadline) { return pending_.AwaitEmpty(deadline); }
 
 ServiceCounts PraxisService::counts() const {
-  return {accepted_.load(), answered_ok_.load(), watchdog_.cancelled(), pending_.used()};
+  return {accepted_.load(), answered_ok_.load(), watchdog_.cancelled(), pending_.used(),
+          session_texts_.used()};
 }
 
 absl::Status PraxisService::Authenticate(const grpc::CallbackServerContext& ctx,
@@ -307,14 +320,33 @@ void PraxisService::AddSession(std::weak_ptr<SessionReactor> s) {
   sessions_.push_back(std::move(s));
 }
 
+bool PraxisService::KeepText(const torch::Tensor& text, SessionText& session) {
+  session.held.Release();
+  session.text = torch::Tensor();
+  absl::StatusOr<ByteBudget::Reservation> held = session_texts_.Reserve(text.nbytes());
+  if (!held.ok()) return false;
+  session.held = *std::move(held);
+  session.text = text;
+  return true;
+}
+
 absl::Status PraxisService::Admit(const v1::StepRequest& request, absl::Time deadline,
                                   std::shared_ptr<const std::atomic<bool>> cancelled,
-                                  StepTask::Done& done, Admission* admitted) {
+                                  StepTask::Done& done, Admission* admitted, SessionText* session) {
   if (draining_) return absl::UnavailableError("server is draining; retry elsewhere");
   if (!accepting_) return absl::UnavailableError("server is warming up; retry shortly");
-  PRAXIS_ASSIGN_OR_RETURN(DecodedStep step, DecodeStepRequest(request, config_, options_.limits));
+  const bool reuse = session != nullptr && !request.has_text();
+  if (reuse && !session->text.defined()) {
+    return absl::InvalidArgumentError(
+        "text: expected a tensor, got none (a Session step may leave text out only after an "
+        "answer whose header said text_kept)");
+  }
+  PRAXIS_ASSIGN_OR_RETURN(DecodedStep step,
+                          DecodeStepRequest(request, config_, options_.limits,
+                                            reuse ? session->text : torch::Tensor()));
   PRAXIS_ASSIGN_OR_RETURN(admitted->reservation, pending_.Reserve(step.outputs.response_bytes));
   admitted->plan = step.outputs;
+  admitted->text_kept = session != nullptr && (reuse || KeepText(step.inputs.text, *session));
   std::unique_ptr<batching::Task> task =
       std::make_unique<StepTask>(std::move(step), deadline, std::move(cancelled), std::move(done));
   done = nullptr;  // the task answers from now on
@@ -331,10 +363,10 @@ absl::Status PraxisService::Admit(const v1::StepRequest& request, absl::Time dea
 
 void PraxisService::Submit(const v1::StepRequest& request, absl::Time deadline,
                            std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
-                           Admission* admitted) {
+                           Admission* admitted, SessionText* session) {
   absl::Status s;
   try {  // the torch boundary: no exception may escape a reaction
-    s = Admit(request, deadline, std::move(cancelled), done, admitted);
+    s = Admit(request, deadline, std::move(cancelled), done, admitted, session);
   } catch (const std::exception& e) {
     s = absl::InternalError(absl::StrCat("admitting the step: ", e.what()));
   }

@@ -36,6 +36,9 @@ struct ServiceOptions {
   int64_t max_pending_response_bytes = int64_t{1} << 30;
   // A call whose reader takes no data for this long is cancelled and its answer freed.
   absl::Duration write_timeout = absl::Seconds(30);
+  // Text bytes kept for Session steps that leave text out, all sessions together; a session whose
+  // text does not fit keeps none (its answers say text_kept = false) and must send text each step.
+  int64_t max_session_text_bytes = int64_t{256} << 20;
   std::shared_ptr<const TokenAuthenticator> auth;  // null: calls need no token
 };
 
@@ -48,6 +51,14 @@ struct ServiceCounts {
   int64_t answered_ok = 0;
   int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
   int64_t pending_response_bytes = 0;  // answer bytes held for readers now
+  int64_t session_text_bytes = 0;      // texts kept by sessions now
+};
+
+// The text one Session keeps for steps that leave it out, and its share of
+// --max_session_text_bytes. Owned by its session's reactor; used from one reaction at a time.
+struct SessionText {
+  torch::Tensor text;  // as decoded from the step that sent it; undefined: none kept
+  ByteBudget::Reservation held;
 };
 
 // What Submit admitted for one step: what to send, and its share of the answer budget (held
@@ -55,6 +66,7 @@ struct ServiceCounts {
 struct Admission {
   OutputPlan plan;
   ByteBudget::Reservation reservation;
+  bool text_kept = false;  // the session keeps the text this step used (StepHeader.text_kept)
 };
 
 // The part of the service a reactor uses: admission, the write watchdog, metrics and counts.
@@ -65,10 +77,11 @@ class StepContext {
   // Decodes `request` and queues it. `done` receives the one final answer: at once, on this
   // thread, when the step is refused (not accepting, invalid, over a budget, queue full), else
   // later on a batcher worker (possibly before Submit returns). `admitted` is filled before the
-  // step is queued. Never throws.
+  // step is queued. `session` (null on a Step call) supplies a left-out text and keeps a sent one
+  // that passed validation. Never throws.
   virtual void Submit(const v1::StepRequest& request, absl::Time deadline,
                       std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
-                      Admission* admitted) = 0;
+                      Admission* admitted, SessionText* session) = 0;
   virtual const ServiceOptions& options() const = 0;
   virtual ServerMetrics& metrics() = 0;
   virtual WriteWatchdog& watchdog() = 0;
@@ -113,7 +126,7 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
   // StepContext.
   void Submit(const v1::StepRequest& request, absl::Time deadline,
               std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
-              Admission* admitted) override;
+              Admission* admitted, SessionText* session) override;
   const ServiceOptions& options() const override { return options_; }
   ServerMetrics& metrics() override { return metrics_; }
   WriteWatchdog& watchdog() override { return watchdog_; }
@@ -122,7 +135,10 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
 
   absl::Status Admit(const v1::StepRequest& request, absl::Time deadline,
                      std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done& done,
-                     Admission* admitted);
+                     Admission* admitted, SessionText* session);
+  // The decoded step's text kept for `session` if --max_session_text_bytes has room (its earlier
+  // one given back first); whether it was.
+  bool KeepText(const torch::Tensor& text, SessionText& session);
   void AddSession(std::weak_ptr<SessionReactor> s);
   // OK without a token file; else the token check of `ctx`, its failures counted for `method`.
   absl::Status Authenticate(const grpc::CallbackServerContext& ctx, absl::string_view method);
@@ -133,6 +149,7 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
   ServerMetrics& metrics_;
   const v1::ModelInfo info_;
   ByteBudget pending_;
+  ByteBudget session_texts_;
   WriteWatchdog watchdog_;
   std::atomic<bool> accepting_{false};
   std::atomic<bool> draining_{false};

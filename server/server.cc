@@ -90,6 +90,7 @@ absl::Status PraxisServer::Start() {
                       runner_->device_memory_bytes(),
                       runner_->graph_stats(),
                       s.pending_response_bytes,
+                      s.session_text_bytes,
                       s.write_timeouts};
   });
   if (options_.answer_pipeline) {
@@ -160,6 +161,7 @@ v1::ModelInfo PraxisServer::Info() const {
   info.set_max_request_gflop(l.max_request_gflop);
   info.set_max_response_bytes(l.max_response_bytes);
   info.set_max_message_bytes(options_.max_message_bytes);
+  info.set_max_session_text_bytes(options_.service.max_session_text_bytes);
   info.set_max_abs_input(l.max_abs_input);
   for (const char* o : {wire::kVelocity, wire::kCond, wire::kEmbeddings, wire::kPositions}) {
     info.add_outputs(o);

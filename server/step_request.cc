@@ -131,10 +131,17 @@ absl::Status CheckBudget(const DecodedStep& s, const StepLimits& l) {
 }
 
 absl::StatusOr<DecodedStep> Decode(const v1::StepRequest& r, const model::BackboneConfig& config,
-                                   const StepLimits& limits) {
+                                   const StepLimits& limits, const torch::Tensor& kept_text) {
   DecodedStep step;
   model::StepInputs& in = step.inputs;
+  const bool reused = !r.has_text() && kept_text.defined();
+  if (reused) in.text = kept_text;
   PRAXIS_RETURN_IF_ERROR(wire::DecodeInputTensors(r, &in));
+  if (reused && in.noised.dim() > 0 && in.text.size(0) != in.noised.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "text: left out, so the session's kept text is used, but it has ", in.text.size(0),
+        " rows and noised has ", in.noised.size(0), ": send text with this step"));
+  }
   if (r.frames_per_chunk() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("frames_per_chunk: expected >= 1, got ", r.frames_per_chunk()));
@@ -175,9 +182,10 @@ MessageBounds LargestLegalStep(const model::BackboneConfig& c, const StepLimits&
 
 absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& r,
                                               const model::BackboneConfig& config,
-                                              const StepLimits& limits) {
+                                              const StepLimits& limits,
+                                              const torch::Tensor& kept_text) {
   try {  // the torch boundary: nothing a client sends may throw through the request path
-    return Decode(r, config, limits);
+    return Decode(r, config, limits, kept_text);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("request: cannot be decoded: ", e.what()));
   }

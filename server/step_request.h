@@ -63,8 +63,11 @@ MessageBounds LargestLegalStep(const model::BackboneConfig& config, const StepLi
 // consistency, rope shifts, the output selection (no duplicate), the wire dtype, then `limits`.
 // InvalidArgument naming the field, the expected and the received value; ResourceExhausted naming
 // the limit when the request is valid but over its compute cost or answer size. Never throws.
+// `kept_text` (a Session's, or undefined) stands in for a request that leaves text out; it is
+// checked as a sent one would be.
 absl::StatusOr<DecodedStep> DecodeStepRequest(const v1::StepRequest& request,
                                               const model::BackboneConfig& config,
-                                              const StepLimits& limits = {});
+                                              const StepLimits& limits = {},
+                                              const torch::Tensor& kept_text = {});
 
 }  // namespace praxis::serve

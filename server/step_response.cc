@@ -25,7 +25,8 @@ void SetSpan(const model::Span& s, v1::Span* out) {
 
 absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const OutputPlan& plan,
                                                     const std::string& request_id,
-                                                    absl::Time accepted, int64_t max_chunk_bytes) {
+                                                    absl::Time accepted, int64_t max_chunk_bytes,
+                                                    bool text_kept) {
   if (max_chunk_bytes < 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_chunk_bytes: expected >= 8, got ", max_chunk_bytes));
@@ -37,6 +38,7 @@ absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const O
     s.queue_time_ = r.queue_time;
     s.compute_time_ = r.compute_time;
     s.SetHeader(r, plan, request_id);
+    s.header_.set_text_kept(text_kept);
     return s;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("encoding the answer: ", e.what()));

@@ -22,10 +22,10 @@ namespace praxis::serve {
 class StepResponder {
  public:
   // InvalidArgument for max_chunk_bytes < 8 (one element of any dtype); Internal if an output
-  // cannot be encoded. Never throws.
+  // cannot be encoded. Never throws. `text_kept`: the header's (a Session keeps the step's text).
   static absl::StatusOr<StepResponder> Create(const StepResult& result, const OutputPlan& plan,
                                               const std::string& request_id, absl::Time accepted,
-                                              int64_t max_chunk_bytes);
+                                              int64_t max_chunk_bytes, bool text_kept = false);
 
   // Fills `msg` with the next message: true, or false once the trailer has been produced; Internal
   // if a chunk cannot be converted. Never throws.

@@ -22,7 +22,8 @@ const google::protobuf::FieldDescriptor* RequestField(const InputField& input) {
 absl::Status DecodeInputTensors(const v1::StepRequest& r, StepInputs* in) {
   const google::protobuf::Reflection* refl = r.GetReflection();
   for (const InputField& input : kInputFields) {
-    if (!input.optional && !refl->HasField(r, RequestField(input))) {
+    if (!input.optional && !(in->*input.tensor).defined() &&
+        !refl->HasField(r, RequestField(input))) {
       return absl::InvalidArgumentError(absl::StrCat(input.name, ": expected a tensor, got none"));
     }
   }

@@ -12,7 +12,8 @@ namespace praxis::wire {
 
 // Decodes the tensors of `r` into `in` (other fields untouched). InvalidArgument naming the field
 // for a required tensor that is missing (checked for all before any is decoded) or one that
-// DecodeTensor refuses; an absent optional tensor is left undefined.
+// DecodeTensor refuses; an absent tensor is left as `in` holds it (undefined, or one the caller
+// supplies: a Session's kept text).
 absl::Status DecodeInputTensors(const v1::StepRequest& r, StepInputs* in);
 
 // Encodes each defined tensor of `in` into `r`, float tensors as `dtype` (any device).

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import grpc
 import numpy as np
@@ -20,7 +21,7 @@ os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
-from server_process import loopback_server, tiny_inputs  # noqa: E402
+from server_process import Server, loopback_server, tiny_inputs  # noqa: E402
 from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noqa: E402
                            StepFailed, assemble, pb)
 
@@ -181,6 +182,43 @@ def test_session(client):
         assert list(result.tensors) == ["velocity", "tap.1"]
         for name in result.tensors:
             assert np.array_equal(result.tensors[name], alone.tensors[name]), name
+
+
+def metric(server, name):
+    """One unlabelled sample of `server`'s /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_session_sends_its_text_once():
+    """The server keeps a session's text (text_kept); the client leaves an equal text out of the
+    next steps, which are answered as if it were sent, and sends a new one in full."""
+    server = Server("--metrics_port=0")
+    try:
+        same = [tiny_inputs(seed=20), tiny_inputs(seed=21), tiny_inputs(seed=22)]
+        for inputs in same[1:]:
+            inputs["text"] = same[0]["text"]
+        other = tiny_inputs(seed=23, text_len=7)
+        text_bytes = same[0]["text"].nbytes
+        with Client(server.address) as c:
+            with c.session(timeout=60) as s:
+                received, results = [], []
+                for inputs in same + [other]:
+                    before = metric(server, "praxis_received_bytes_total")
+                    results.append(s.step(**inputs, outputs=["velocity"]))
+                    received.append(metric(server, "praxis_received_bytes_total") - before)
+                assert metric(server, "praxis_session_text_bytes") == other["text"].nbytes
+            for inputs, result in zip(same + [other], results):
+                assert result.header.text_kept
+                alone = c.step(**inputs, outputs=["velocity"])
+                assert np.array_equal(result.tensors["velocity"], alone.tensors["velocity"])
+        assert received[1] < received[0] - text_bytes and received[2] < received[0] - text_bytes
+        assert received[3] > other["text"].nbytes, "a new text is sent"
+    finally:
+        server.stop()
 
 
 def header(*tensors):

@@ -1,5 +1,5 @@
-// The server's lifecycle (warm-up, drain) and its pending-answer budget, each on a server of its
-// own around a gated fake model. Part of the server_test binary.
+// The server's lifecycle (warm-up, drain) and its budgets (pending answers, session texts), each on
+// a server of its own around a gated fake model. Part of the server_test binary.
 
 #include <gtest/gtest.h>
 
@@ -109,6 +109,33 @@ TEST(ServerBudgetTest, PendingAnswersAreBoundedAndReleased) {
   ASSERT_TRUE(Eventually([&] { return server->service_counts().pending_response_bytes == 0; }));
   EXPECT_TRUE(client->Step(r, kTimeout).ok());
   server->Drain(absl::Seconds(10));
+}
+
+// A session whose text does not fit --max_session_text_bytes keeps none: its answers say so and
+// the client sends the text with every step, which is answered as usual.
+TEST(ServerBudgetTest, SessionTextsAreBoundedAndAnOverflowingOneIsSentEachStep) {
+  ServerOptions o;
+  o.service.max_session_text_bytes = 1000;  // the tiny model's 5-token text (960 bytes), not 7
+  FakeServer s(o);
+  ASSERT_TRUE(s.server->Warmup(kLayouts[0]).ok());
+  std::unique_ptr<client::Session> small = s.client->OpenSession(kTimeout);
+  const absl::StatusOr<StepReply> kept =
+      small->Step(fixtures::Request(s.fake->config(), kLayouts[0], 1));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->header.text_kept());
+  EXPECT_EQ(s.server->service_counts().session_text_bytes, 960);
+  std::unique_ptr<client::Session> large = s.client->OpenSession(kTimeout);
+  const v1::StepRequest r = fixtures::Request(s.fake->config(), kLayouts[1], 2);
+  for (int i = 0; i < 2; ++i) {
+    const absl::StatusOr<StepReply> full = large->Step(r);
+    ASSERT_TRUE(full.ok()) << i << ": " << full.status();
+    EXPECT_FALSE(full->header.text_kept()) << i;
+  }
+  EXPECT_EQ(s.server->service_counts().session_text_bytes, 960);
+  EXPECT_TRUE(large->Close().ok());
+  EXPECT_TRUE(small->Close().ok());
+  EXPECT_TRUE(Eventually([&] { return s.server->service_counts().session_text_bytes == 0; }));
+  s.server->Drain(absl::Seconds(10));
 }
 
 }  // namespace

@@ -332,7 +332,76 @@ TEST_F(ServerTest, ASessionStepThatThrowsIsAnsweredAndTheSessionGoesOn) {
   EXPECT_TRUE(session->Close().ok());
 }
 
+// A robot's instruction crosses the wire once per session: the answer says the server keeps the
+// text, the client leaves an equal text out of the next steps, and those steps are answered as if
+// it had been sent. A new text is sent and kept in its place; closing frees it.
+TEST_F(ServerTest, ASessionSendsItsTextOnceAndTheServerKeepsIt) {
+  using fixtures::Sample;
+  // Earlier tests' sessions are freed when the server has finished them, just after they close.
+  ASSERT_TRUE(Eventually([] { return server_->service_counts().session_text_bytes == 0; }));
+  std::unique_ptr<client::Session> session = client_->OpenSession(kTimeout);
+  const v1::StepRequest first = Request(kLayouts[0], 700);
+  const absl::StatusOr<StepReply> kept = session->Step(first);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->header.text_kept());
+  const int64_t text_bytes = 5 * config().text_dim * 4;
+  EXPECT_EQ(server_->service_counts().session_text_bytes, text_bytes);
+  EXPECT_EQ(Sample(Metrics(), "praxis_session_text_bytes"), text_bytes);
+
+  v1::StepRequest same_text = Request(kLayouts[0], 701);
+  *same_text.mutable_text() = first.text();
+  const double received = Sample(Metrics(), "praxis_received_bytes_total").value();
+  const absl::StatusOr<StepReply> reused = session->Step(same_text);
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  EXPECT_TRUE(reused->header.text_kept());
+  const double sent = Sample(Metrics(), "praxis_received_bytes_total").value() - received;
+  EXPECT_LE(sent, static_cast<double>(same_text.ByteSizeLong() - text_bytes)) << "text left out";
+  for (const auto& [name, want] : Expected(same_text)) {
+    EXPECT_TRUE(torch::equal(reused->tensors.at(name), want)) << name;
+  }
+
+  const v1::StepRequest other = Request(kLayouts[1], 702);  // another text, 7 tokens long
+  const absl::StatusOr<StepReply> replaced = session->Step(other);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  for (const auto& [name, want] : Expected(other)) {
+    EXPECT_TRUE(torch::equal(replaced->tensors.at(name), want)) << name;
+  }
+  EXPECT_EQ(server_->service_counts().session_text_bytes, 7 * config().text_dim * 4);
+  EXPECT_TRUE(session->Close().ok());
+  EXPECT_TRUE(Eventually([] { return server_->service_counts().session_text_bytes == 0; }));
+}
+
+// A step may leave its text out only on a session that keeps one, of as many rows: else it is
+// refused naming text, and the session goes on.
+TEST_F(ServerTest, AStepWithoutTextNeedsTheSessionsKeptText) {
+  v1::StepRequest no_text = Request(kLayouts[0], 710);
+  no_text.clear_text();
+  const absl::Status unary = Step(no_text).status();
+  EXPECT_EQ(unary.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(unary.message(), "text: expected a tensor")) << unary;
+
+  std::unique_ptr<client::Session> session = client_->OpenSession(kTimeout);
+  const absl::Status first = session->Step(no_text).status();
+  EXPECT_EQ(first.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(first.message(), "text_kept")) << first;
+  ASSERT_TRUE(session->Step(Request(kLayouts[0], 711)).ok());  // one row kept
+  v1::StepRequest two_rows = Request(kLayouts[0], 712, true, 2);
+  two_rows.clear_text();
+  const absl::Status rows = session->Step(two_rows).status();
+  EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(rows.message(), "text: left out")) << rows;
+  const absl::StatusOr<StepReply> after = session->Step(no_text);  // the kept row, still there
+  ASSERT_TRUE(after.ok()) << after.status();
+  v1::StepRequest with_kept = no_text;
+  *with_kept.mutable_text() = Request(kLayouts[0], 711).text();
+  for (const auto& [name, want] : Expected(with_kept)) {
+    EXPECT_TRUE(torch::equal(after->tensors.at(name), want)) << name;
+  }
+  EXPECT_TRUE(session->Close().ok());
+}
+
 TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
+  ASSERT_TRUE(Eventually([] { return server_->service_counts().session_text_bytes == 0; }));
   ASSERT_TRUE(Step(Request(kLayouts[0], 11)).ok());
   ASSERT_TRUE(Step(Request(kLayouts[0], 12)).ok());
   const std::string m = Metrics();
@@ -353,6 +422,7 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
   EXPECT_GE(Sample(m, "praxis_mask_cache_entries").value_or(0), 1);
   EXPECT_GT(Sample(m, "praxis_mask_cache_bytes").value_or(0), 0);
   EXPECT_EQ(Sample(m, "praxis_pending_response_bytes").value_or(-1), 0) << "nothing unread";
+  EXPECT_EQ(Sample(m, "praxis_session_text_bytes").value_or(-1), 0) << "no session open";
   EXPECT_EQ(Sample(m, "praxis_write_timeouts_total").value_or(-1), 0);
   EXPECT_TRUE(Sample(m, "praxis_mask_cache_evictions_total").has_value());
   for (const char* family : {"praxis_text_cache_hits_total", "praxis_text_cache_misses_total",

@@ -45,9 +45,14 @@ TEST(StepCodecTest, AbsentCleanStaysUndefinedAndAMissingRequiredTensorIsNamed) {
   EXPECT_EQ(out.text.scalar_type(), torch::kBFloat16);
 
   r.clear_noised();
-  const absl::Status missing = DecodeInputTensors(r, &out);
+  StepInputs fresh;
+  const absl::Status missing = DecodeInputTensors(r, &fresh);
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(missing.message(), "noised: expected a tensor, got none");
+  // A tensor the caller holds stands in for an absent one (a Session's kept text).
+  const torch::Tensor kept = out.noised;
+  ASSERT_TRUE(DecodeInputTensors(r, &out).ok());
+  EXPECT_TRUE(out.noised.is_same(kept));
 }
 
 TEST(StepCodecTest, LayoutKeyAndLayoutTextAgree) {

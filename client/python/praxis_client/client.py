@@ -140,8 +140,10 @@ class Session:
     """One Session stream: the consecutive steps of one robot, sent and answered one at a time.
 
     A step the server rejects raises StepFailed and the session goes on. A broken stream (its
-    status, or a protocol error) raises that error from then on. Not thread-safe (one robot, one
-    control loop). close() it, or use it as a context manager.
+    status, or a protocol error) raises that error from then on. A text equal to the one the
+    server said it keeps (StepHeader.text_kept) is left out of the message: a robot's instruction
+    crosses the wire once, not with every step. Not thread-safe (one robot, one control loop).
+    close() it, or use it as a context manager.
     """
 
     def __init__(self, stub, timeout: Optional[float], metadata=None):
@@ -150,6 +152,7 @@ class Session:
                                   metadata=metadata)
         self._closed = False
         self._broken: Optional[PraxisError] = None
+        self._kept_text = None  # what the server keeps for this session, per its last answer
 
     def step(self, **kwargs) -> StepResult:
         """One step: the arguments of Client.step, except timeout (the session's bounds it)."""
@@ -157,12 +160,22 @@ class Session:
             raise ValueError("the session is closed")
         if self._broken is not None:
             raise self._broken
-        self._requests.put(make_request(**kwargs))
+        request = make_request(**kwargs)
+        kept, self._kept_text = self._kept_text, None  # a failed step sends its text next time
+        if kept is not None and request.text == kept:
+            request.ClearField("text")
+            sent_text = kept
+        else:
+            sent_text = request.text
+        self._requests.put(request)
         assembler = StepAssembler()
         try:
             for msg in self._call:
                 if assembler.add(msg):
-                    return assembler.result()
+                    result = assembler.result()
+                    if result.header.text_kept:
+                        self._kept_text = sent_text
+                    return result
             self._broken = ProtocolError("the session ended mid-step")
         except ProtocolError as e:
             self._broken = e
