@@ -1,5 +1,6 @@
 #include "client/praxis_client.h"
 
+#include <google/protobuf/util/field_mask_util.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/security/credentials.h>
 
@@ -18,6 +19,22 @@
 
 namespace praxis::client {
 namespace {
+
+// Every field of a StepRequest but its text: what a Session step that leaves its text out sends
+// (copied field by field, so the text's bytes are not copied only to be dropped).
+const google::protobuf::FieldMask& AllButText() {
+  static const google::protobuf::FieldMask* mask = [] {
+    auto* m = new google::protobuf::FieldMask;
+    const google::protobuf::Descriptor* d = v1::StepRequest::descriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      if (d->field(i)->number() != v1::StepRequest::kTextFieldNumber) {
+        m->add_paths(d->field(i)->name());
+      }
+    }
+    return m;
+  }();
+  return *mask;
+}
 
 std::chrono::system_clock::time_point After(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
@@ -194,8 +211,9 @@ absl::StatusOr<StepReply> Session::Step(const v1::StepRequest& request) {
       google::protobuf::util::MessageDifferencer::Equals(request.text(), *kept_text_);
   std::optional<v1::StepRequest> light;
   if (leave_out) {
-    light.emplace(request);
-    light->clear_text();
+    light.emplace();
+    google::protobuf::util::FieldMaskUtil::MergeMessageTo(
+        request, AllButText(), google::protobuf::util::FieldMaskUtil::MergeOptions(), &*light);
   }
   // Until this step's answer says otherwise; a failed step sends its text next time.
   std::optional<v1::Tensor> kept = std::exchange(kept_text_, std::nullopt);

@@ -354,6 +354,8 @@ TEST_F(ServerTest, ASessionSendsItsTextOnceAndTheServerKeepsIt) {
   const absl::StatusOr<StepReply> reused = session->Step(same_text);
   ASSERT_TRUE(reused.ok()) << reused.status();
   EXPECT_TRUE(reused->header.text_kept());
+  EXPECT_EQ(reused->header.request_id(), same_text.request_id());  // every other field sent
+  EXPECT_EQ(reused->tensors.size(), Expected(same_text).size());
   const double sent = Sample(Metrics(), "praxis_received_bytes_total").value() - received;
   EXPECT_LE(sent, static_cast<double>(same_text.ByteSizeLong() - text_bytes)) << "text left out";
   for (const auto& [name, want] : Expected(same_text)) {
