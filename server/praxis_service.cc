@@ -344,7 +344,12 @@ absl::Status PraxisService::Admit(const v1::StepRequest& request, absl::Time dea
   PRAXIS_ASSIGN_OR_RETURN(DecodedStep step,
                           DecodeStepRequest(request, config_, options_.limits,
                                             reuse ? session->text : torch::Tensor()));
-  PRAXIS_ASSIGN_OR_RETURN(admitted->reservation, pending_.Reserve(step.outputs.response_bytes));
+  absl::StatusOr<ByteBudget::Reservation> answer = pending_.Reserve(step.outputs.response_bytes);
+  if (!answer.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(answer.status().message(), "; not computed, retry later"));
+  }
+  admitted->reservation = *std::move(answer);
   admitted->plan = step.outputs;
   admitted->text_kept = session != nullptr && (reuse || KeepText(step.inputs.text, *session));
   std::unique_ptr<batching::Task> task =
