@@ -6,13 +6,16 @@
 //   odd   the rest drives a builder that makes a request of a valid layout (small B, L, K, F, h, w,
 //         dtypes and values) and then applies a few hostile edits (a shape dimension, a dtype, the
 //         data length, a rope shift, frames_per_chunk, tap indices, the wire dtype, a dropped
-//         tensor). Raw proto mutation alone rarely gets past the first byte-count check; the
-//         builder reaches ValidateStep and the limit checks on nearly every run.
+//         tensor), and may leave text out for a Session's kept text of its own rows and length
+//         (which a session keeps only after validating it). Raw proto mutation alone rarely gets
+//         past the first byte-count check; the builder reaches ValidateStep and the limit checks
+//         on nearly every run.
 // Whatever comes in, DecodeStepRequest must return: a crash, a sanitizer report, an uncaught
 // exception (LibTorch's included) or an error other than InvalidArgument is a finding. A request it
 // accepts must also be what the model can run (checked below), so "accepted but wrong" is one too.
 
 #include <fuzzer/FuzzedDataProvider.h>
+#include <torch/torch.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -218,6 +221,7 @@ void FuzzOne(const uint8_t* data, size_t size) {
   if (size == 0) return;
   const model::BackboneConfig& config = Config();
   v1::StepRequest request;
+  torch::Tensor kept_text;
   if (data[0] % 2 == 0) {
     if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return;
   } else {
@@ -225,8 +229,15 @@ void FuzzOne(const uint8_t* data, size_t size) {
     request = BuildValid(p, config);
     const int edits = p.ConsumeIntegralInRange<int>(0, 3);
     for (int i = 0; i < edits; ++i) Edit(p, request);
+    if (p.ConsumeBool()) {  // a Session's kept text, possibly of other rows than this request's
+      constexpr torch::ScalarType kDtypes[] = {torch::kFloat32, torch::kBFloat16, torch::kHalf};
+      kept_text = torch::full({p.ConsumeIntegralInRange<int64_t>(1, 3),
+                               p.ConsumeIntegralInRange<int64_t>(1, 6), config.text_dim},
+                              0.125, torch::dtype(p.PickValueInArray(kDtypes)));
+      if (p.ConsumeBool()) request.clear_text();
+    }
   }
-  absl::StatusOr<DecodedStep> step = DecodeStepRequest(request, config);
+  absl::StatusOr<DecodedStep> step = DecodeStepRequest(request, config, {}, kept_text);
   if (step.ok()) {
     CheckAccepted(*step, config);
   } else if (step.status().code() != absl::StatusCode::kInvalidArgument &&
