@@ -321,8 +321,6 @@ void PraxisService::AddSession(std::weak_ptr<SessionReactor> s) {
 }
 
 bool PraxisService::KeepText(const torch::Tensor& text, SessionText& session) {
-  session.held.Release();
-  session.text = torch::Tensor();
   absl::StatusOr<ByteBudget::Reservation> held = session_texts_.Reserve(text.nbytes());
   if (!held.ok()) return false;
   session.held = *std::move(held);
@@ -336,6 +334,12 @@ absl::Status PraxisService::Admit(const v1::StepRequest& request, absl::Time dea
   if (draining_) return absl::UnavailableError("server is draining; retry elsewhere");
   if (!accepting_) return absl::UnavailableError("server is warming up; retry shortly");
   const bool reuse = session != nullptr && !request.has_text();
+  if (session != nullptr && !reuse) {
+    // Replaced by this step's text if it is admitted, else by none: never an older text for a
+    // later step that leaves its own out.
+    session->held.Release();
+    session->text = torch::Tensor();
+  }
   if (reuse && !session->text.defined()) {
     return absl::InvalidArgumentError(
         "text: expected a tensor, got none (a Session step may leave text out only after an "

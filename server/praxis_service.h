@@ -77,8 +77,8 @@ class StepContext {
   // Decodes `request` and queues it. `done` receives the one final answer: at once, on this
   // thread, when the step is refused (not accepting, invalid, over a budget, queue full), else
   // later on a batcher worker (possibly before Submit returns). `admitted` is filled before the
-  // step is queued. `session` (null on a Step call) supplies a left-out text and keeps a sent one
-  // that passed validation. Never throws.
+  // step is queued. `session` (null on a Step call) supplies a left-out text, and keeps a sent one
+  // if the step is admitted (else none). Never throws.
   virtual void Submit(const v1::StepRequest& request, absl::Time deadline,
                       std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done done,
                       Admission* admitted, SessionText* session) = 0;
@@ -136,8 +136,8 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
   absl::Status Admit(const v1::StepRequest& request, absl::Time deadline,
                      std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done& done,
                      Admission* admitted, SessionText* session);
-  // The decoded step's text kept for `session` if --max_session_text_bytes has room (its earlier
-  // one given back first); whether it was.
+  // The decoded step's text kept for `session` if --max_session_text_bytes has room; whether it
+  // was.
   bool KeepText(const torch::Tensor& text, SessionText& session);
   void AddSession(std::weak_ptr<SessionReactor> s);
   // OK without a token file; else the token check of `ctx`, its failures counted for `method`.

@@ -374,7 +374,7 @@ TEST_F(ServerTest, ASessionSendsItsTextOnceAndTheServerKeepsIt) {
 }
 
 // A step may leave its text out only on a session that keeps one, of as many rows: else it is
-// refused naming text, and the session goes on.
+// refused naming text, and the session goes on. A refused step that sent a text keeps none.
 TEST_F(ServerTest, AStepWithoutTextNeedsTheSessionsKeptText) {
   v1::StepRequest no_text = Request(kLayouts[0], 710);
   no_text.clear_text();
@@ -399,6 +399,14 @@ TEST_F(ServerTest, AStepWithoutTextNeedsTheSessionsKeptText) {
   for (const auto& [name, want] : Expected(with_kept)) {
     EXPECT_TRUE(torch::equal(after->tensors.at(name), want)) << name;
   }
+  // A step that sends a text and is refused leaves none kept: never an older one.
+  v1::StepRequest refused = Request(kLayouts[0], 713);
+  refused.set_frames_per_chunk(0);
+  EXPECT_EQ(session->Step(refused).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server_->service_counts().session_text_bytes, 0);
+  const absl::Status none = session->Step(no_text).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(none.message(), "text_kept")) << none;
   EXPECT_TRUE(session->Close().ok());
 }
 
