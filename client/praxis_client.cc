@@ -230,7 +230,7 @@ absl::StatusOr<StepReply> Session::Step(const v1::StepRequest& request) {
       }
       if (!*done) continue;
       StepReply reply = assembler.Take();
-      if (reply.header.text_kept()) {
+      if (reply.header.text_kept() && !resend_text_) {
         if (leave_out) {
           kept_text_ = std::move(kept);
         } else if (request.has_text()) {

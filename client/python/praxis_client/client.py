@@ -162,11 +162,9 @@ class Session:
             raise self._broken
         request = make_request(**kwargs)
         kept, self._kept_text = self._kept_text, None  # a failed step sends its text next time
-        if kept is not None and request.text == kept:
+        left_out = kept is not None and request.text == kept
+        if left_out:
             request.ClearField("text")
-            sent_text = kept
-        else:
-            sent_text = request.text
         self._requests.put(request)
         assembler = StepAssembler()
         try:
@@ -174,7 +172,10 @@ class Session:
                 if assembler.add(msg):
                     result = assembler.result()
                     if result.header.text_kept:
-                        self._kept_text = sent_text
+                        # A copy, not a view that would keep the whole request alive.
+                        self._kept_text = kept if left_out else pb.Tensor()
+                        if not left_out:
+                            self._kept_text.CopyFrom(request.text)
                     return result
             self._broken = ProtocolError("the session ended mid-step")
         except ProtocolError as e:
