@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from concurrent import futures
 
 import numpy as np
@@ -64,6 +65,11 @@ class Server:
         shutil.rmtree(self._dir, ignore_errors=True)
         raise RuntimeError(f"{why}; its output:\n{log}")
 
+    def metrics(self):
+        """Its /metrics page (a server started with --metrics_port=0)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+            return r.read().decode()
+
     def log(self):
         """What the server printed (stdout and stderr) so far."""
         with open(self.log_path) as f:
@@ -76,6 +82,18 @@ class Server:
         log = self.log()
         shutil.rmtree(self._dir, ignore_errors=True)
         assert code == 0, log
+
+
+def metric(page, name, **labels):
+    """The value of `name`{labels} in a Prometheus text page (`Server.metrics()`); 0 when absent."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in page.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head == name and not want:
+            return float(value)
+        if head.startswith(name + "{") and ",".join(sorted(head[len(name) + 1:-1].split(","))) == want:
+            return float(value)
+    return 0.0
 
 
 def tiny_inputs(seed=0, b=1, text_len=5, h=3, w=4, k=2, f=1):

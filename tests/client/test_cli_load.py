@@ -6,12 +6,11 @@ PRAXIS_SOURCE_DIR. Each test fails, never skips, when a binary is missing.
 import json
 import os
 import subprocess
-import urllib.request
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from server_process import Server, save_inputs
+from server_process import Server, metric, save_inputs
 
 SRC = os.environ.get("PRAXIS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(SRC, "build")
@@ -102,16 +101,6 @@ def test_load_closed_loop(server, tmp_path):
     assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
 
 
-def metric(text, name, **labels):
-    """The value of `name`{labels} in a Prometheus text page; 0 when absent."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if head.startswith(name + "{") and ",".join(sorted(head[len(name) + 1:-1].split(","))) == want:
-            return float(value)
-    return 0.0
-
-
 @pytest.mark.parametrize("mode", [("--concurrency=3",), ("--rate=30", "--max_in_flight=3")])
 def test_load_over_sessions(tmp_path, mode):
     """--transport=session: every step of the run travels on a caller's Session, none as a Step."""
@@ -119,7 +108,7 @@ def test_load_over_sessions(tmp_path, mode):
     try:
         j = load_report(tmp_path, s.address, "--duration=1s", "--transport=session", *mode)
         assert j["ok"] > 0 and j["errors"] == 0, j["codes"]
-        page = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics").read().decode()
+        page = s.metrics()
         # the run's steps, its warm-up's, and none as a unary call
         assert metric(page, "praxis_requests_total", code="OK", method="Session") >= j["ok"]
         assert metric(page, "praxis_requests_total", code="OK", method="Step") == 0
@@ -174,13 +163,12 @@ def test_server_text_cache():
             r = run(LOAD, f"--address={s.address}", "--requests=6", "--concurrency=1", "--warmup=0s",
                     "--mix=5,3,4,2,1")
             assert r.returncode == 0, r.stderr
-            with urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics") as m:
-                text = m.read().decode()
+            page = s.metrics()
         finally:
             s.stop()
-        return {name: float(line.split()[-1]) for line in text.splitlines()
-                for name in ("praxis_text_cache_hits_total", "praxis_text_cache_misses_total",
-                             "praxis_text_cache_entries") if line.startswith(name + " ")}
+        return {name: metric(page, name) for name in ("praxis_text_cache_hits_total",
+                                                        "praxis_text_cache_misses_total",
+                                                        "praxis_text_cache_entries")}
 
     on = text_cache()
     assert on["praxis_text_cache_misses_total"] >= 1 and on["praxis_text_cache_hits_total"] >= 5, on

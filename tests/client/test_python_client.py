@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import urllib.request
 
 import grpc
 import numpy as np
@@ -21,7 +20,7 @@ os.environ.setdefault("PRAXIS_PROTO_DIR", os.path.join(SRC, "proto"))
 if os.path.join(SRC, "client", "python") not in sys.path:
     sys.path.insert(0, os.path.join(SRC, "client", "python"))
 
-from server_process import Server, loopback_server, tiny_inputs  # noqa: E402
+from server_process import Server, loopback_server, metric, tiny_inputs  # noqa: E402
 from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noqa: E402
                            StepFailed, assemble, pb)
 
@@ -184,15 +183,6 @@ def test_session(client):
             assert np.array_equal(result.tensors[name], alone.tensors[name]), name
 
 
-def metric(server, name):
-    """One unlabelled sample of `server`'s /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
 def test_a_session_sends_its_text_once():
     """The server keeps a session's text (text_kept); the client leaves an equal text out of the
     next steps, which are answered as if it were sent, and sends a new one in full."""
@@ -207,10 +197,10 @@ def test_a_session_sends_its_text_once():
             with c.session(timeout=60) as s:
                 received, results = [], []
                 for inputs in same + [other]:
-                    before = metric(server, "praxis_received_bytes_total")
+                    before = metric(server.metrics(), "praxis_received_bytes_total")
                     results.append(s.step(**inputs, outputs=["velocity"]))
-                    received.append(metric(server, "praxis_received_bytes_total") - before)
-                assert metric(server, "praxis_session_text_bytes") == other["text"].nbytes
+                    received.append(metric(server.metrics(), "praxis_received_bytes_total") - before)
+                assert metric(server.metrics(), "praxis_session_text_bytes") == other["text"].nbytes
             for inputs, result in zip(same + [other], results):
                 assert result.header.text_kept
                 alone = c.step(**inputs, outputs=["velocity"])
