@@ -316,21 +316,23 @@ void PrintServing(const PraxisServer& server, const ServerOptions& options) {
   std::_Exit(0);
 }
 
+// InvalidArgument naming `flag` when its value is negative (a byte budget).
+absl::Status NotNegative(const absl::Flag<int64_t>& flag) {
+  const int64_t value = absl::GetFlag(flag);
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", absl::GetFlagReflectionHandle(flag).Name(), " must be >= 0, got ", value));
+}
+
 absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   // LibTorch's default count (the cores), taken before every thread is set to one: only the
   // batcher's worker runs the model with more (model/cpu_runtime.h).
   const int cores = at::get_num_threads();
   model::DefaultToOneIntraOpThread();
-  if (absl::GetFlag(FLAGS_max_float32_weight_bytes) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_float32_weight_bytes must be >= 0, got ",
-                                                   absl::GetFlag(FLAGS_max_float32_weight_bytes)));
-  }
+  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_float32_weight_bytes));
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
-  if (absl::GetFlag(FLAGS_max_session_text_bytes) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_session_text_bytes must be >= 0, got ",
-                                                   absl::GetFlag(FLAGS_max_session_text_bytes)));
-  }
+  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_session_text_bytes));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;
