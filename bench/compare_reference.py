@@ -12,10 +12,11 @@ forward in this process (inference mode, `--threads` intra-op threads, one untim
 repeats; its text cache off, as the reference projects every step's text) in a child process, one
 after the other so that they never share the cores. Prints the CPU model and ISA flags and a
 table of medians with the ratio C++ / reference (< 0.5 is the issue's target). With --gemm_bound
-each side's GEMM calls (aten mm, addmm, bmm, baddbmm) in one forward are recorded and timed alone
-in the same run (the reference's here, the C++ side's by step_bench --gemm_bound), and the table
-adds both GEMM times and C++ / its GEMMs (the issue's bound for a GEMM-bound cell: <= 1.15). A
-benchmark, not a test: nothing is asserted.
+each side's GEMM calls (aten mm, addmm, bmm, baddbmm; ours also MKL's bf16 GEMM of
+model/cpu_kernels.h) in one forward are recorded and timed alone in the same run (the reference's
+here, the C++ side's by step_bench --gemm_bound), and the table adds both GEMM times and C++ / its
+GEMMs (the issue's bound for a GEMM-bound cell: <= 1.15). A benchmark, not a test: nothing is
+asserted.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 #pragma once
 
-// The LibTorch GEMM calls (aten mm, addmm, bmm, baddbmm) a piece of code makes, on every thread:
-// for step_bench's --gemm_bound (a step beside the time of its GEMMs alone, the bound for a
-// GEMM-bound cell) and for the test that the step cost model counts every matmul a forward runs.
+// The GEMM calls a piece of code makes, on every thread (LibTorch's aten mm, addmm, bmm, baddbmm,
+// and cpu::MklBf16Matmul's): for step_bench's --gemm_bound (a step beside the time of its GEMMs
+// alone, the bound for a GEMM-bound cell) and for the test that the step cost model counts
+// every matmul a forward runs.
 
 #include <torch/torch.h>
 
@@ -17,7 +18,9 @@ namespace praxis::bench {
 // output left out: a replay makes its own).
 struct GemmCall {
   using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
-  std::string op;  // "aten::mm", "aten::addmm", "aten::bmm" or "aten::baddbmm"
+  // "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", or "praxis::mkl_bf16_gemm"
+  // (cpu::MklBf16Matmul: operands (x, w), or (b, x, w) as addmm's)
+  std::string op;
   std::vector<Operand> operands;
   // Made inside an intra-op parallel region (the CPU MoE's pieces): on one thread, beside
   // others on the other threads.

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/cpu_kernels.h"
 #include "model/cpu_runtime.h"
 #include "model/layers.h"
 #include "model/towers.h"
@@ -80,11 +81,18 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     // float32 path, with no conversion of activations between ops (what MatmulViaFloat32 alone
     // left: 7-9 % of a bench small bf16 step on a Xeon without AMX), and more exactly.
     const torch::ScalarType dt = config.param_dtype();
+    const bool reduced_on_cpu =
+        options.device.is_cpu() && (dt == torch::kBFloat16 || dt == torch::kFloat16);
+    if (reduced_on_cpu) {
+      // The CPU's GEMMs in this dtype are timed once per process (~30 ms), here rather than in a
+      // first forward: its matmuls' choices read them (GemmInFloat32, SmallBf16Matmul).
+      (void)ReducedGemmInFloat32(dt);
+      if (dt == torch::kBFloat16) (void)cpu::SmallBf16GemmOnMkl();
+    }
     std::optional<cpu::Float32WeightHold> hold;
     TensorMap converted;
-    if (options.device.is_cpu() && (dt == torch::kBFloat16 || dt == torch::kFloat16) &&
-        (options.cpu_float32_compute.has_value() ? *options.cpu_float32_compute
-                                                 : ReducedGemmInFloat32(dt))) {
+    if (reduced_on_cpu && (options.cpu_float32_compute.has_value() ? *options.cpu_float32_compute
+                                                                   : ReducedGemmInFloat32(dt))) {
       int64_t bytes = 0;
       for (const auto& [name, t] : weights) {
         if (t.scalar_type() == dt) bytes += t.numel() * int64_t{sizeof(float)};

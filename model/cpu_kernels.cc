@@ -13,10 +13,15 @@
 #include <immintrin.h>
 #endif
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -1475,6 +1480,116 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
   const torch::Tensor x32 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32);
   const torch::Tensor y = b.defined() ? at::addmm(b32, x32, w32) : at::mm(x32, w32);
   return y.to(out.value_or(w.scalar_type())).view(shape);
+}
+
+namespace {
+
+// MKL's bf16 GEMM with float32 sums into a float32 C (its CBLAS entry, 32-bit ints), which
+// LibTorch's x86 wheel carries in libtorch_cpu and exports without a header. Looked up at run time:
+// where it is absent, small products stay on LibTorch's GEMM.
+using MklBf16Gemm = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                             const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
+                             float* c, int ldc);
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+
+MklBf16Gemm FindMklBf16Gemm() {
+  static const auto gemm =
+      reinterpret_cast<MklBf16Gemm>(dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
+  return gemm;
+}
+
+// Whether MklBf16Matmul takes these operands: what its CBLAS call can address.
+bool MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  const auto bf16 = torch::kBFloat16;
+  if (x.is_cuda() || w.is_cuda() || x.scalar_type() != bf16 || w.scalar_type() != bf16 ||
+      x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) {
+    return false;
+  }
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
+  const int64_t ldw = w.stride(1) == 1 ? w.stride(0) : w.stride(1);
+  const bool w_ok = (w.stride(1) == 1 && ldw >= std::max<int64_t>(n, 1)) ||
+                    (w.stride(0) == 1 && ldw >= std::max<int64_t>(k, 1));
+  const bool b_ok = !b.defined() || (!b.is_cuda() && b.scalar_type() == bf16 && b.dim() == 1 &&
+                                     b.size(0) == n && b.stride(0) == 1);
+  return m > 0 && n > 0 && k > 0 && x.stride(1) == 1 && x.stride(0) >= k && w_ok && b_ok &&
+         std::max({m, n, k, x.stride(0), ldw}) <= INT_MAX;
+}
+
+}  // namespace
+
+torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                            torch::Tensor out) {
+  const MklBf16Gemm gemm = FindMklBf16Gemm();
+  if (gemm == nullptr || !MklBf16Operands(x, w, b)) return {};
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
+  if (!out.defined()) out = torch::empty({m, n}, x.options());
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == m &&
+                  out.size(1) == n && out.stride(1) == 1,
+              "MklBf16Matmul: out ", out.sizes(), " for ", m, " x ", n);
+  RECORD_FUNCTION("praxis::mkl_bf16_gemm", b.defined() ? std::vector<c10::IValue>({b, x, w})
+                                                       : std::vector<c10::IValue>({x, w}));
+  // The float32 sums land in a scratch of this thread (at most kSmallBf16GemmOutputs floats where
+  // SmallBf16Matmul calls) and are rounded once into out, as LibTorch's bf16 GEMM rounds its own.
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(m * n));
+  float* c = scratch.data();
+  float beta = 0;
+  if (b.defined()) {  // C starts as the bias in every row: the GEMM adds onto it (beta 1)
+    Load(b.const_data_ptr<c10::BFloat16>(), c, n);
+    for (int64_t r = 1; r < m; ++r) std::memcpy(c + r * n, c, n * sizeof(float));
+    beta = 1;
+  }
+  const bool w_rows = w.stride(1) == 1;  // w [K, N] row-major; else wᵀ is (a Linear's weight)
+  gemm(kCblasRowMajor, kCblasNoTrans, w_rows ? kCblasNoTrans : kCblasTrans, static_cast<int>(m),
+       static_cast<int>(n), static_cast<int>(k), 1.0f,
+       reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()),
+       static_cast<int>(x.stride(0)),
+       reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
+       static_cast<int>(w_rows ? w.stride(0) : w.stride(1)), beta, c, static_cast<int>(n));
+  c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
+  for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
+  return out;
+}
+
+double SmallBf16GemmSpeedup() {
+  static const double speedup = [] {
+    if (FindMklBf16Gemm() == nullptr) return 0.0;
+    const torch::Tensor x = torch::randn({16, 128}).to(torch::kBFloat16);
+    const torch::Tensor w = torch::randn({128, 256}).to(torch::kBFloat16);
+    torch::Tensor out = torch::empty({16, 256}, x.options());
+    const auto best_seconds = [](const std::function<void()>& run) {
+      run();  // the warm-up: oneDNN builds its kernel, MKL its buffers
+      double best = INFINITY;
+      for (int i = 0; i < 16; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        run();
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      return best;
+    };
+    const double aten = best_seconds([&] { at::mm_out(out, x, w); });
+    return aten / best_seconds([&] { MklBf16Matmul(x, w, {}, out); });
+  }();
+  return speedup;
+}
+
+bool SmallBf16GemmOnMkl() {
+  static const bool on = [] {
+    if (FindMklBf16Gemm() == nullptr) return false;
+    if (const char* env = std::getenv("PRAXIS_SMALL_BF16_GEMM")) return std::atoi(env) != 0;
+    return SmallBf16GemmSpeedup() > 1.25;
+  }();
+  return on;
+}
+
+torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
+                              const torch::Tensor& b, torch::Tensor out) {
+  if (x.dim() != 2 || w.dim() != 2 || x.size(0) * w.size(1) > kSmallBf16GemmOutputs ||
+      !MklBf16Operands(x, w, b) || !SmallBf16GemmOnMkl()) {
+    return {};
+  }
+  return MklBf16Matmul(x, w, b, std::move(out));
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }

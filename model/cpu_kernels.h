@@ -160,6 +160,36 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b = {},
                                std::optional<torch::ScalarType> out = std::nullopt);
 
+// x · w (+ b) on MKL's bf16 GEMM: bf16 x [M, K] (rows of unit stride), w [K, N] with either
+// stride 1 (a Linear passes its weight transposed), b [N]; float32 sums rounded once to bf16, as
+// LibTorch's own bf16 GEMM. Written into `out` (bf16 [M, N], rows of unit stride; default: a new
+// tensor) and returned; an undefined tensor where MKL's entry is absent or the operands are not of
+// that form. Profiled and recorded as "praxis::mkl_bf16_gemm" (inputs b, x, w as addmm's, or x,
+// w). Thread-safe.
+torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
+                            const torch::Tensor& b = {}, torch::Tensor out = {});
+
+// Products with at most this many outputs go to MKL's bf16 GEMM (SmallBf16Matmul). Bench config
+// shapes, 1 and 2 threads: MKL's call costs ~5 us against ~20 for LibTorch's (oneDNN's) whatever
+// the size, and its rate falls behind past ~32 K outputs once its float32 result is rounded.
+inline constexpr int64_t kSmallBf16GemmOutputs = 32768;
+
+// MKL's bf16 GEMM's speed over LibTorch's on a small product ([16, 128]·[128, 256], best of 16
+// each on the calling thread's intra-op threads), measured at the first call and remembered; 0
+// where MKL's entry is absent. Thread-safe.
+double SmallBf16GemmSpeedup();
+
+// Whether SmallBf16Matmul takes the products it is given: MKL's GEMM measured over 1.25x
+// LibTorch's (SmallBf16GemmSpeedup; not on every CPU: MKL may take a slower path off Intel's).
+// PRAXIS_SMALL_BF16_GEMM (0 or 1), read once, overrides it for benchmarks. Thread-safe.
+bool SmallBf16GemmOnMkl();
+
+// MklBf16Matmul for a product of at most kSmallBf16GemmOutputs outputs where SmallBf16GemmOnMkl;
+// else an undefined tensor, and the caller runs LibTorch's GEMM. A bf16 step at a robot's small
+// layout makes ~40 such products, each mostly LibTorch's fixed per-call cost. Thread-safe.
+torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
+                              const torch::Tensor& b = {}, torch::Tensor out = {});
+
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the
 // 16-bit weights) and the Float32WeightHolds of models converted at load (in place of them).

@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
@@ -267,6 +268,11 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
                                                : model::Float32Path::kNone;
     *compute = model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
                                           path, &slow);
+    if (path == model::Float32Path::kNone && dtype == torch::kBFloat16 &&
+        model::cpu::SmallBf16GemmOnMkl()) {
+      absl::StrAppendFormat(compute, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
+                            model::cpu::SmallBf16GemmSpeedup());
+    }
   }
   (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << *compute
                                  << std::endl;

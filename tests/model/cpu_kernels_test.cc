@@ -687,6 +687,60 @@ TEST(MatmulViaFloat32Test, AWeightOverTheBudgetRunsOnTheSixteenBitGemm) {
   EXPECT_LE((within.to(torch::kFloat64) - exact).abs().max().item<double>(), 64.0 / 256);
 }
 
+// MKL's bf16 GEMM: products exact, sums in float32, one rounding to bf16 (as LibTorch's own), in
+// both weight layouts (a Linear's transposed [out, in], an expert's [in, out]), with a bias, and
+// into rows of a larger tensor without touching the rest; operands it cannot address are left to
+// the caller (an undefined result).
+TEST(MklBf16MatmulTest, EqualsTheExactProductRoundedOnceInBothWeightLayouts) {
+  torch::manual_seed(13);
+  const auto bf16 = torch::kBFloat16, f64 = torch::kFloat64;
+  const torch::Tensor x = torch::randn({37, 96}).to(bf16);
+  const torch::Tensor b = torch::randn({40}).to(bf16);
+  auto within_one_rounding = [](const torch::Tensor& got, const torch::Tensor& exact) {
+    const torch::Tensor err = (got.to(torch::kFloat64) - exact).abs();
+    return (err <= exact.abs() / 256 + 1e-4).all().item<bool>();
+  };
+  const torch::Tensor linear_w = torch::randn({40, 96}).to(bf16);  // [out, in]
+  const torch::Tensor y = cpu::MklBf16Matmul(x, linear_w.t(), b);
+  ASSERT_TRUE(y.defined()) << "MKL's cblas_gemm_bf16bf16f32 is not in this LibTorch";
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{37, 40}));
+  EXPECT_EQ(y.scalar_type(), bf16);
+  EXPECT_TRUE(within_one_rounding(y, torch::addmm(b.to(f64), x.to(f64), linear_w.t().to(f64))));
+
+  const torch::Tensor expert_w = torch::randn({96, 24}).to(bf16);  // [in, out]
+  torch::Tensor big = torch::zeros({40, 32}, bf16);
+  const torch::Tensor rows = big.narrow(0, 3, 37).narrow(1, 4, 24);
+  EXPECT_EQ(cpu::MklBf16Matmul(x, expert_w, {}, rows).data_ptr(), rows.data_ptr());
+  EXPECT_TRUE(within_one_rounding(rows, torch::mm(x.to(f64), expert_w.to(f64))));
+  EXPECT_EQ(big.abs().sum().item<double>(), rows.abs().sum().item<double>())
+      << "wrote outside its rows";
+
+  EXPECT_FALSE(cpu::MklBf16Matmul(x.to(torch::kFloat32), expert_w).defined());
+  EXPECT_FALSE(cpu::MklBf16Matmul(torch::randn({96, 37}).to(bf16).t(), expert_w).defined());
+  const torch::Tensor every_other = torch::randn({192, 48}).to(bf16).slice(0, 0, 192, 2);
+  EXPECT_FALSE(cpu::MklBf16Matmul(x, every_other.slice(1, 0, 48, 2)).defined());  // no stride 1
+  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, b).defined());  // a bias of 40 for 24 outputs
+  EXPECT_FALSE(cpu::MklBf16Matmul(x, torch::randn({95, 24}).to(bf16)).defined());
+}
+
+// Small bf16 products take MKL's GEMM where it was measured faster than LibTorch's on this CPU
+// (the same result, bit for bit, as MklBf16Matmul), and larger ones stay on LibTorch's.
+TEST(MklBf16MatmulTest, SmallProductsTakeItWhereMeasuredFaster) {
+  torch::manual_seed(14);
+  EXPECT_GT(cpu::SmallBf16GemmSpeedup(), 0);  // measured: the entry is there
+  const torch::Tensor x = torch::randn({12, 64}).to(torch::kBFloat16);
+  const torch::Tensor w = torch::randn({64, 256}).to(torch::kBFloat16);
+  const torch::Tensor small = cpu::SmallBf16Matmul(x, w);
+  if (cpu::SmallBf16GemmOnMkl()) {
+    ASSERT_TRUE(small.defined());
+    EXPECT_TRUE(torch::equal(small, cpu::MklBf16Matmul(x, w)));
+  } else {
+    EXPECT_FALSE(small.defined()) << "measured " << cpu::SmallBf16GemmSpeedup() << "x";
+  }
+  const int64_t rows = cpu::kSmallBf16GemmOutputs / 256 + 1;  // one row over
+  EXPECT_FALSE(cpu::SmallBf16Matmul(torch::randn({rows, 64}).to(torch::kBFloat16), w).defined());
+}
+
 #if defined(__x86_64__)
 TEST(CpuRuntimeTest, DetectsThisCpu) {
   const CpuIsa isa = DetectCpuIsa();

@@ -58,27 +58,33 @@ TEST(StepCostTest, ScalesWithRowsAndDenseCountsEveryPair) {
 }
 
 // The cost is what admission bounds a request's work by (SPEC §12), so it must count every matmul a
-// forward runs: the GEMMs LibTorch runs in a real forward (recorded on every thread) against the
-// cost less its attention pairs. Never more, and within 1 %: the cost also counts the router's
-// logits, which run on a kernel of ours, not LibTorch's GEMM (0.14 % of the tiny model's).
+// forward runs: the GEMMs a real forward runs (LibTorch's, and MKL's bf16 one where a bf16 model
+// takes it; recorded on every thread) against the cost less its attention pairs. Never more, and
+// within 1 %: the cost also counts the router's logits, which run on a kernel of ours, not
+// LibTorch's GEMM (0.14 % of the tiny model's).
 TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
-  const BackboneConfig c = Tiny();
+  BackboneConfig c = Tiny();
   auto model = *VideoBackbone::Create(c, RandomWeights(c, 0), {});
-  for (const auto& [g, rows] :
-       {std::pair<wire::StepGeometry, int64_t>{
-            {.text_len = 8, .anchor_h = 3, .anchor_w = 4, .k = 2, .f = 1, .h = 3, .w = 4}, 1},
-        {{.text_len = 5, .anchor_h = 2, .anchor_w = 2, .k = 3, .f = 2, .h = 2, .w = 3}, 3}}) {
-    const StepInputs in = wire::SyntheticInputs(c.step_dims(), g, rows, /*seed=*/1);
-    absl::Status s;
-    const std::vector<bench::GemmCall> calls =
-        bench::RecordGemms([&] { s = model->Forward(in).status(); });
-    ASSERT_TRUE(s.ok()) << s;
-    double recorded = 0;
-    for (const bench::GemmCall& call : calls) recorded += call.Flops();
-    const StepCost cost = ComputeStepCost(c, StepLayout(in), in.decode, rows);
-    const double matmuls = cost.flops - cost.attention_flops;
-    EXPECT_LE(recorded, matmuls) << calls.size() << " GEMM calls";
-    EXPECT_GE(recorded, 0.99 * matmuls) << calls.size() << " GEMM calls";
+  // In bf16 too, on its own GEMMs (small ones on MKL's, model/cpu_kernels.h), not in float32.
+  c.dtype = "bfloat16";
+  auto bf16 = *VideoBackbone::Create(c, RandomWeights(c, 0), {.cpu_float32_compute = false});
+  for (VideoBackbone* m : {model.get(), bf16.get()}) {
+    for (const auto& [g, rows] :
+         {std::pair<wire::StepGeometry, int64_t>{
+              {.text_len = 8, .anchor_h = 3, .anchor_w = 4, .k = 2, .f = 1, .h = 3, .w = 4}, 1},
+          {{.text_len = 5, .anchor_h = 2, .anchor_w = 2, .k = 3, .f = 2, .h = 2, .w = 3}, 3}}) {
+      const StepInputs in = wire::SyntheticInputs(c.step_dims(), g, rows, /*seed=*/1);
+      absl::Status s;
+      const std::vector<bench::GemmCall> calls =
+          bench::RecordGemms([&] { s = m->Forward(in).status(); });
+      ASSERT_TRUE(s.ok()) << s;
+      double recorded = 0;
+      for (const bench::GemmCall& call : calls) recorded += call.Flops();
+      const StepCost cost = ComputeStepCost(c, StepLayout(in), in.decode, rows);
+      const double matmuls = cost.flops - cost.attention_flops;
+      EXPECT_LE(recorded, matmuls) << calls.size() << " GEMM calls, " << m->dtype();
+      EXPECT_GE(recorded, 0.99 * matmuls) << calls.size() << " GEMM calls, " << m->dtype();
+    }
   }
 }
 
