@@ -1522,10 +1522,12 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
   const MklBf16Gemm gemm = FindMklBf16Gemm();
   if (gemm == nullptr || !MklBf16Operands(x, w, b)) return {};
   const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
-  if (!out.defined()) out = torch::empty({m, n}, x.options());
-  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == m &&
-                  out.size(1) == n && out.stride(1) == 1,
-              "MklBf16Matmul: out ", out.sizes(), " for ", m, " x ", n);
+  if (!out.defined()) {
+    out = torch::empty({m, n}, x.options());
+  } else if (out.is_cuda() || out.scalar_type() != torch::kBFloat16 || out.dim() != 2 ||
+             out.size(0) != m || out.size(1) != n || out.stride(1) != 1) {
+    return {};
+  }
   RECORD_FUNCTION("praxis::mkl_bf16_gemm", b.defined() ? std::vector<c10::IValue>({b, x, w})
                                                        : std::vector<c10::IValue>({x, w}));
   // The float32 sums land in a scratch of this thread (at most kSmallBf16GemmOutputs floats where

@@ -163,9 +163,9 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
 // x · w (+ b) on MKL's bf16 GEMM: bf16 x [M, K] (rows of unit stride), w [K, N] with either
 // stride 1 (a Linear passes its weight transposed), b [N]; float32 sums rounded once to bf16, as
 // LibTorch's own bf16 GEMM. Written into `out` (bf16 [M, N], rows of unit stride; default: a new
-// tensor) and returned; an undefined tensor where MKL's entry is absent or the operands are not of
-// that form. Profiled and recorded as "praxis::mkl_bf16_gemm" (inputs b, x, w as addmm's, or x,
-// w). Thread-safe.
+// tensor) and returned; an undefined tensor where MKL's entry is absent or the operands or `out`
+// are not of that form. Profiled and recorded as "praxis::mkl_bf16_gemm" (inputs b, x, w as
+// addmm's, or x, w). Thread-safe.
 torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                             const torch::Tensor& b = {}, torch::Tensor out = {});
 

@@ -721,6 +721,8 @@ TEST(MklBf16MatmulTest, EqualsTheExactProductRoundedOnceInBothWeightLayouts) {
   EXPECT_FALSE(cpu::MklBf16Matmul(x, every_other.slice(1, 0, 48, 2)).defined());  // no stride 1
   EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, b).defined());  // a bias of 40 for 24 outputs
   EXPECT_FALSE(cpu::MklBf16Matmul(x, torch::randn({95, 24}).to(bf16)).defined());
+  const torch::Tensor column_major = torch::empty({24, 37}, bf16).t();
+  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, {}, column_major).defined());
 }
 
 // Small bf16 products take MKL's GEMM where it was measured faster than LibTorch's on this CPU
