@@ -1498,21 +1498,39 @@ MklBf16Gemm FindMklBf16Gemm() {
   return gemm;
 }
 
+// How the CBLAS call addresses w [K, N]: row-major (NoTrans, ld = its row stride) or as wᵀ
+// row-major (Trans, ld = its column stride: a Linear's [out, in] weight transposed); nullopt where
+// neither fits. One decision for the check and the call: with a size-1 dimension both strides
+// may be 1, and only the layout whose leading dimension covers a row is right.
+struct WeightLayout {
+  bool transposed = false;
+  int64_t ld = 0;
+};
+std::optional<WeightLayout> MklWeightLayout(const torch::Tensor& w) {
+  const int64_t k = w.size(0), n = w.size(1);
+  if (w.stride(1) == 1 && w.stride(0) >= std::max<int64_t>(n, 1))
+    return WeightLayout{false, w.stride(0)};
+  if (w.stride(0) == 1 && w.stride(1) >= std::max<int64_t>(k, 1))
+    return WeightLayout{true, w.stride(1)};
+  return std::nullopt;
+}
+
+// A CPU tensor of plain strided storage in bf16: what the CBLAS call reads or writes.
+bool CpuBf16(const torch::Tensor& t) {
+  return t.is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kBFloat16;
+}
+
 // Whether MklBf16Matmul takes these operands: what its CBLAS call can address.
 bool MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  const auto bf16 = torch::kBFloat16;
-  if (x.is_cuda() || w.is_cuda() || x.scalar_type() != bf16 || w.scalar_type() != bf16 ||
-      x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) {
+  if (!CpuBf16(x) || !CpuBf16(w) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) {
     return false;
   }
   const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
-  const int64_t ldw = w.stride(1) == 1 ? w.stride(0) : w.stride(1);
-  const bool w_ok = (w.stride(1) == 1 && ldw >= std::max<int64_t>(n, 1)) ||
-                    (w.stride(0) == 1 && ldw >= std::max<int64_t>(k, 1));
-  const bool b_ok = !b.defined() || (!b.is_cuda() && b.scalar_type() == bf16 && b.dim() == 1 &&
-                                     b.size(0) == n && b.stride(0) == 1);
-  return m > 0 && n > 0 && k > 0 && x.stride(1) == 1 && x.stride(0) >= k && w_ok && b_ok &&
-         std::max({m, n, k, x.stride(0), ldw}) <= INT_MAX;
+  const std::optional<WeightLayout> wl = MklWeightLayout(w);
+  const bool b_ok =
+      !b.defined() || (CpuBf16(b) && b.dim() == 1 && b.size(0) == n && b.stride(0) == 1);
+  return m > 0 && n > 0 && k > 0 && x.stride(1) == 1 && x.stride(0) >= k && wl.has_value() &&
+         b_ok && std::max({m, n, k, x.stride(0), wl->ld}) <= INT_MAX;
 }
 
 }  // namespace
@@ -1524,8 +1542,8 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
   const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
   if (!out.defined()) {
     out = torch::empty({m, n}, x.options());
-  } else if (out.is_cuda() || out.scalar_type() != torch::kBFloat16 || out.dim() != 2 ||
-             out.size(0) != m || out.size(1) != n || out.stride(1) != 1) {
+  } else if (!CpuBf16(out) || out.dim() != 2 || out.size(0) != m || out.size(1) != n ||
+             out.stride(1) != 1 || (m > 1 && out.stride(0) < n)) {
     return {};
   }
   RECORD_FUNCTION("praxis::mkl_bf16_gemm", b.defined() ? std::vector<c10::IValue>({b, x, w})
@@ -1541,13 +1559,13 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
     for (int64_t r = 1; r < m; ++r) std::memcpy(c + r * n, c, n * sizeof(float));
     beta = 1;
   }
-  const bool w_rows = w.stride(1) == 1;  // w [K, N] row-major; else wᵀ is (a Linear's weight)
-  gemm(kCblasRowMajor, kCblasNoTrans, w_rows ? kCblasNoTrans : kCblasTrans, static_cast<int>(m),
-       static_cast<int>(n), static_cast<int>(k), 1.0f,
+  const WeightLayout wl = *MklWeightLayout(w);
+  gemm(kCblasRowMajor, kCblasNoTrans, wl.transposed ? kCblasTrans : kCblasNoTrans,
+       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f,
        reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()),
        static_cast<int>(x.stride(0)),
        reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
-       static_cast<int>(w_rows ? w.stride(0) : w.stride(1)), beta, c, static_cast<int>(n));
+       static_cast<int>(wl.ld), beta, c, static_cast<int>(n));
   c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
   for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
   return out;

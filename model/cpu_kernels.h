@@ -160,12 +160,13 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b = {},
                                std::optional<torch::ScalarType> out = std::nullopt);
 
-// x · w (+ b) on MKL's bf16 GEMM: bf16 x [M, K] (rows of unit stride), w [K, N] with either
-// stride 1 (a Linear passes its weight transposed), b [N]; float32 sums rounded once to bf16, as
-// LibTorch's own bf16 GEMM. Written into `out` (bf16 [M, N], rows of unit stride; default: a new
-// tensor) and returned; an undefined tensor where MKL's entry is absent or the operands or `out`
-// are not of that form. Profiled and recorded as "praxis::mkl_bf16_gemm" (inputs b, x, w as
-// addmm's, or x, w). Thread-safe.
+// x · w (+ b) on MKL's bf16 GEMM, for inference (no autograd): CPU strided bf16 tensors, x [M, K]
+// (rows of unit stride), w [K, N] read row-major where its rows have unit stride, else as wᵀ
+// row-major (a Linear passes its weight transposed), b [N]; float32 sums rounded once to bf16, as
+// LibTorch's own bf16 GEMM. Written into `out` (bf16 [M, N], rows of unit stride, not
+// overlapping; default: a new tensor) and returned; an undefined tensor where MKL's entry is
+// absent or the operands or `out` are not of that form. Profiled and recorded as
+// "praxis::mkl_bf16_gemm" (inputs b, x, w as addmm's, or x, w). Thread-safe.
 torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                             const torch::Tensor& b = {}, torch::Tensor out = {});
 
@@ -176,7 +177,9 @@ inline constexpr int64_t kSmallBf16GemmOutputs = 32768;
 
 // MKL's bf16 GEMM's speed over LibTorch's on a small product ([16, 128]·[128, 256], best of 16
 // each on the calling thread's intra-op threads), measured at the first call and remembered; 0
-// where MKL's entry is absent. Thread-safe.
+// where MKL's entry is absent. VideoBackbone::Create makes that first call for a bf16 CPU model,
+// outside any parallel region (inside one it would time one thread while the others wait).
+// Thread-safe.
 double SmallBf16GemmSpeedup();
 
 // Whether SmallBf16Matmul takes the products it is given: MKL's GEMM measured over 1.25x

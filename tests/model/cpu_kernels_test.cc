@@ -715,6 +715,13 @@ TEST(MklBf16MatmulTest, EqualsTheExactProductRoundedOnceInBothWeightLayouts) {
   EXPECT_EQ(big.abs().sum().item<double>(), rows.abs().sum().item<double>())
       << "wrote outside its rows";
 
+  // One input feature: a Linear's [out, 1] weight transposed has strides (1, 1), so only its
+  // column stride tells how to read it.
+  const torch::Tensor column = torch::randn({37, 1}).to(bf16);
+  const torch::Tensor narrow_w = torch::randn({40, 1}).to(bf16);
+  EXPECT_TRUE(within_one_rounding(cpu::MklBf16Matmul(column, narrow_w.t(), b),
+                                  torch::addmm(b.to(f64), column.to(f64), narrow_w.t().to(f64))));
+
   EXPECT_FALSE(cpu::MklBf16Matmul(x.to(torch::kFloat32), expert_w).defined());
   EXPECT_FALSE(cpu::MklBf16Matmul(torch::randn({96, 37}).to(bf16).t(), expert_w).defined());
   const torch::Tensor every_other = torch::randn({192, 48}).to(bf16).slice(0, 0, 192, 2);
@@ -723,10 +730,14 @@ TEST(MklBf16MatmulTest, EqualsTheExactProductRoundedOnceInBothWeightLayouts) {
   EXPECT_FALSE(cpu::MklBf16Matmul(x, torch::randn({95, 24}).to(bf16)).defined());
   const torch::Tensor column_major = torch::empty({24, 37}, bf16).t();
   EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, {}, column_major).defined());
+  const torch::Tensor overlapping =
+      torch::empty({36 * 16 + 24}, bf16).as_strided({37, 24}, {16, 1});
+  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, {}, overlapping).defined());
 }
 
 // Small bf16 products take MKL's GEMM where it was measured faster than LibTorch's on this CPU
-// (the same result, bit for bit, as MklBf16Matmul), and larger ones stay on LibTorch's.
+// (routed there: the same bits as MklBf16Matmul, which LibTorch's GEMM would not give in every
+// element), and larger ones stay on LibTorch's.
 TEST(MklBf16MatmulTest, SmallProductsTakeItWhereMeasuredFaster) {
   torch::manual_seed(14);
   EXPECT_GT(cpu::SmallBf16GemmSpeedup(), 0);  // measured: the entry is there

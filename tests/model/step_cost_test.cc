@@ -8,6 +8,8 @@
 #include "common/file_util.h"
 #include "model/backbone.h"
 #include "model/config.h"
+#include "model/cpu_kernels.h"
+#include "model/cpu_runtime.h"
 #include "model/random_weights.h"
 #include "wire/synthetic.h"
 
@@ -65,9 +67,11 @@ TEST(StepCostTest, ScalesWithRowsAndDenseCountsEveryPair) {
 TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
   BackboneConfig c = Tiny();
   auto model = *VideoBackbone::Create(c, RandomWeights(c, 0), {});
-  // In bf16 too, on its own GEMMs (small ones on MKL's, model/cpu_kernels.h), not in float32.
+  // In bf16 too, kept in bf16 (its small products on MKL's GEMM where this CPU takes it,
+  // model/cpu_kernels.h; each matmul on the float32 GEMM where its bf16 one is the slower).
   c.dtype = "bfloat16";
   auto bf16 = *VideoBackbone::Create(c, RandomWeights(c, 0), {.cpu_float32_compute = false});
+  const bool on_mkl = cpu::SmallBf16GemmOnMkl() && !ReducedGemmInFloat32(torch::kBFloat16);
   for (VideoBackbone* m : {model.get(), bf16.get()}) {
     for (const auto& [g, rows] :
          {std::pair<wire::StepGeometry, int64_t>{
@@ -79,7 +83,14 @@ TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
           bench::RecordGemms([&] { s = m->Forward(in).status(); });
       ASSERT_TRUE(s.ok()) << s;
       double recorded = 0;
-      for (const bench::GemmCall& call : calls) recorded += call.Flops();
+      int mkl_calls = 0;
+      for (const bench::GemmCall& call : calls) {
+        recorded += call.Flops();
+        mkl_calls += call.op == "praxis::mkl_bf16_gemm";
+      }
+      if (m == bf16.get() && on_mkl) {
+        EXPECT_GT(mkl_calls, 0) << "no small product on MKL's GEMM";
+      }
       const StepCost cost = ComputeStepCost(c, StepLayout(in), in.decode, rows);
       const double matmuls = cost.flops - cost.attention_flops;
       EXPECT_LE(recorded, matmuls) << calls.size() << " GEMM calls, " << m->dtype();
