@@ -83,16 +83,13 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     const torch::ScalarType dt = config.param_dtype();
     const bool reduced_on_cpu =
         options.device.is_cpu() && (dt == torch::kBFloat16 || dt == torch::kFloat16);
-    if (reduced_on_cpu) {
-      // The CPU's GEMMs in this dtype are timed once per process (~30 ms), here rather than in a
-      // first forward: its matmuls' choices read them (GemmInFloat32, SmallBf16Matmul).
-      (void)ReducedGemmInFloat32(dt);
-      if (dt == torch::kBFloat16) (void)cpu::SmallBf16GemmOnMkl();
-    }
+    // The CPU's GEMMs in this dtype are timed once per process (~30 ms), here rather than in a
+    // first forward: its matmuls' choices read them (GemmInFloat32, SmallBf16Matmul).
+    const bool gemm_in_float32 = reduced_on_cpu && ReducedGemmInFloat32(dt);
+    if (reduced_on_cpu && dt == torch::kBFloat16) (void)cpu::SmallBf16GemmOnMkl();
     std::optional<cpu::Float32WeightHold> hold;
     TensorMap converted;
-    if (reduced_on_cpu && (options.cpu_float32_compute.has_value() ? *options.cpu_float32_compute
-                                                                   : ReducedGemmInFloat32(dt))) {
+    if (reduced_on_cpu && options.cpu_float32_compute.value_or(gemm_in_float32)) {
       int64_t bytes = 0;
       for (const auto& [name, t] : weights) {
         if (t.scalar_type() == dt) bytes += t.numel() * int64_t{sizeof(float)};

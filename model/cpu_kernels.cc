@@ -1605,8 +1605,10 @@ bool SmallBf16GemmOnMkl() {
 
 torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                               const torch::Tensor& b, torch::Tensor out) {
-  if (x.dim() != 2 || w.dim() != 2 || x.size(0) * w.size(1) > kSmallBf16GemmOutputs ||
-      !MklBf16Operands(x, w, b) || !SmallBf16GemmOnMkl()) {
+  // Device and dtype first, so that no other model's matmul runs the probe; MklBf16Matmul checks
+  // the rest.
+  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 || x.dim() != 2 || w.dim() != 2 ||
+      x.size(0) * w.size(1) > kSmallBf16GemmOutputs || !SmallBf16GemmOnMkl()) {
     return {};
   }
   return MklBf16Matmul(x, w, b, std::move(out));

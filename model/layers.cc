@@ -164,8 +164,8 @@ torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
 
 // FusedExpert written into `out` (rows of a larger tensor): straight from the GEMM where out has
 // the weights' dtype and the matmul runs in it (MKL's for a small bf16 one, else LibTorch's),
-// else through a copy. A float32
-// `out` keeps the hidden rows in float32 where the GEMMs run in float32 anyway.
+// else through a copy. A float32 `out` keeps the hidden rows in float32 where the GEMMs run in
+// float32 anyway.
 void FusedExpertInto(const torch::Tensor& x, const torch::Tensor& gate_up,
                      const torch::Tensor& down, torch::Tensor out) {
   const bool keep_float32 = out.scalar_type() == torch::kFloat32;
