@@ -1571,25 +1571,26 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
   return out;
 }
 
+double BestSeconds(int runs, const std::function<void()>& run) {
+  run();
+  double best = INFINITY;
+  for (int i = 0; i < runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
 double SmallBf16GemmSpeedup() {
   static const double speedup = [] {
     if (FindMklBf16Gemm() == nullptr) return 0.0;
     const torch::Tensor x = torch::randn({16, 128}).to(torch::kBFloat16);
     const torch::Tensor w = torch::randn({128, 256}).to(torch::kBFloat16);
     torch::Tensor out = torch::empty({16, 256}, x.options());
-    const auto best_seconds = [](const std::function<void()>& run) {
-      run();  // the warm-up: oneDNN builds its kernel, MKL its buffers
-      double best = INFINITY;
-      for (int i = 0; i < 16; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        run();
-        best = std::min(
-            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      return best;
-    };
-    const double aten = best_seconds([&] { at::mm_out(out, x, w); });
-    return aten / best_seconds([&] { MklBf16Matmul(x, w, {}, out); });
+    return BestSeconds(16, [&] { at::mm_out(out, x, w); }) /
+           BestSeconds(16, [&] { MklBf16Matmul(x, w, {}, out); });
   }();
   return speedup;
 }

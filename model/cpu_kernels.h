@@ -170,6 +170,10 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
 torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                             const torch::Tensor& b = {}, torch::Tensor out = {});
 
+// The shortest of `runs` timed calls of `run`, in seconds, after one untimed warm-up call (where
+// oneDNN builds its kernel and MKL its buffers): what the CPU probes compare. Thread-safe as `run`.
+double BestSeconds(int runs, const std::function<void()>& run);
+
 // Products with at most this many outputs go to MKL's bf16 GEMM (SmallBf16Matmul). Bench config
 // shapes, 1 and 2 threads: MKL's call costs ~5 us against ~20 for LibTorch's (oneDNN's) whatever
 // the size, and its rate falls behind past ~32 K outputs once its float32 result is rounded.

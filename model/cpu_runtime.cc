@@ -14,8 +14,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "model/cpu_kernels.h"
 
 // LibTorch's wheel links libgomp and exports MKL's per-thread setter; neither has a header there.
@@ -76,14 +74,8 @@ namespace {
 double MeasureMatmulSpeedup(torch::ScalarType dtype) {
   const auto best_seconds = [](torch::ScalarType t) {
     const torch::Tensor a = torch::randn({512, 512}).to(t), b = torch::randn({512, 512}).to(t);
-    torch::Tensor c = at::mm(a, b);  // the warm-up: oneDNN builds its kernel on the first call
-    absl::Duration best = absl::InfiniteDuration();
-    for (int i = 0; i < 8; ++i) {
-      const absl::Time start = absl::Now();
-      at::mm_out(c, a, b);
-      best = std::min(best, absl::Now() - start);
-    }
-    return absl::ToDoubleSeconds(best);
+    torch::Tensor c = torch::empty({512, 512}, a.options());
+    return cpu::BestSeconds(8, [&] { at::mm_out(c, a, b); });
   };
   return best_seconds(torch::kFloat32) / best_seconds(dtype);
 }
@@ -115,7 +107,7 @@ bool ReducedGemmInFloat32(torch::ScalarType dtype) {
 }
 
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                Float32Path path, bool* slow) {
+                                double small_gemm_speedup, Float32Path path, bool* slow) {
   std::vector<std::string> units;
   if (isa.amx_bf16) units.push_back("AMX-BF16");
   if (isa.amx_fp16) units.push_back("AMX-FP16");
@@ -164,6 +156,10 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
                                           ", attention too at head dims over ", cpu::kNarrowHeadDim)
                            : absl::StrCat("bfloat16 matmuls run on AVX512-BF16", measured,
                                           "; attention runs float32 FMAs here (no AMX)");
+    if (small_gemm_speedup > 0) {
+      absl::StrAppendFormat(&implies, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
+                            small_gemm_speedup);
+    }
   } else {
     implies = absl::StrCat("float16 runs on its own units", measured);
   }

@@ -558,38 +558,41 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
   bool slow = false;
   const CpuIsa bare{.model = "Old CPU", .avx512f = true};
   EXPECT_FALSE(HasUnitsFor(bare, torch::kBFloat16));
-  EXPECT_NE(
-      DescribeCpuForDtype(bare, torch::kBFloat16, 0, Float32Path::kMatmuls, &slow).find("emulated"),
-      std::string::npos);
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kBFloat16, 0, 0, Float32Path::kMatmuls, &slow)
+                .find("emulated"),
+            std::string::npos);
   EXPECT_TRUE(slow);
-  DescribeCpuForDtype(bare, torch::kFloat16, 0, Float32Path::kNone, &slow);
+  DescribeCpuForDtype(bare, torch::kFloat16, 0, 0, Float32Path::kNone, &slow);
   EXPECT_TRUE(slow);
   // Computed in float32 end to end, the emulated dtype costs nothing: not slow, and said so.
   const std::string converted =
-      DescribeCpuForDtype(bare, torch::kBFloat16, 0, Float32Path::kModel, &slow);
+      DescribeCpuForDtype(bare, torch::kBFloat16, 0, 0, Float32Path::kModel, &slow);
   EXPECT_FALSE(slow) << converted;
   EXPECT_NE(converted.find("no hardware path here: the model is computed in float32 (its "
                            "bfloat16 weights converted at load)"),
             std::string::npos)
       << converted;
-  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, 1, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, 1, 0, Float32Path::kNone, &slow)
                 .find("Old CPU [AVX-512]"),
             std::string::npos);
   EXPECT_FALSE(slow);
   const CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true};
   EXPECT_TRUE(HasUnitsFor(zen4, torch::kBFloat16));
   const std::string zen4_bf16 =
-      DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, Float32Path::kNone, &slow);
+      DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow);
   EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16 (measured 2.70x float32's rate)"),
             std::string::npos)
       << zen4_bf16;
   EXPECT_NE(zen4_bf16.find("attention runs float32 FMAs"), std::string::npos) << zen4_bf16;
   EXPECT_FALSE(slow);
   const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, 0, Float32Path::kNone, &slow)
                 .find("matmuls run on AMX tiles, attention too"),
             std::string::npos);
   EXPECT_FALSE(slow);
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, 2.5, Float32Path::kNone, &slow)
+                .find("; small products on MKL's bf16 GEMM (2.5x LibTorch's)"),
+            std::string::npos);
 }
 
 // The same units can be the slow choice: a Xeon whose AMX is not enabled keeps AVX512-BF16, where
@@ -599,21 +602,21 @@ TEST(CpuRuntimeTest, ReducedMatmulsMeasuredSlowerRunOnTheFloat32Gemm) {
   bool slow = false;
   const CpuIsa xeon{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .avx512_fp16 = true};
   const std::string model =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kModel, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kModel, &slow);
   EXPECT_FALSE(slow) << model;
   EXPECT_NE(model.find("LibTorch's bfloat16 GEMM is the slower one here (measured 0.58x float32's "
                        "rate): the model is computed in float32"),
             std::string::npos)
       << model;
   const std::string bf16 =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kMatmuls, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kMatmuls, &slow);
   EXPECT_FALSE(slow) << bf16;
   EXPECT_NE(bf16.find("its matmuls run on the float32 GEMM"), std::string::npos) << bf16;
   const std::string forced =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kNone, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kNone, &slow);
   EXPECT_TRUE(slow) << forced;
   EXPECT_NE(forced.find("--dtype=float32"), std::string::npos) << forced;
-  DescribeCpuForDtype(xeon, torch::kFloat16, 1.5, Float32Path::kNone, &slow);
+  DescribeCpuForDtype(xeon, torch::kFloat16, 1.5, 0, Float32Path::kNone, &slow);
   EXPECT_FALSE(slow);
 }
 
