@@ -916,33 +916,30 @@ void RunTasks(int64_t count, const std::function<void(int64_t)>& task) {
   });
 }
 
-void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
-                     const torch::Tensor& y_in) {
+void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y) {
+  const int64_t pairs = r.tokens.numel();
   TORCH_CHECK(!out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.is_contiguous() &&
-                  out.dim() == 2 && y_in.dim() == 2 && y_in.size(1) == out.size(1) &&
-                  rows.scalar_type() == torch::kInt64 && rows.numel() == y_in.size(0) &&
-                  weights.scalar_type() == torch::kFloat32 && weights.numel() == y_in.size(0),
-              "cpu::AddWeightedRows: expected float32 out [N, d], int64 rows [n], float32 "
-              "weights [n] and y [n, d]");
-  RECORD_FUNCTION("praxis::add_weighted_rows", std::vector<c10::IValue>());
-  const torch::Tensor y = y_in.contiguous();
-  const torch::Tensor idx = rows.contiguous();
-  const torch::Tensor w = weights.contiguous();
-  const int64_t n = y.size(0), d = y.size(1), limit = out.size(0);
-  const int64_t* ip = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(ip[i] >= 0 && ip[i] < limit, "cpu::AddWeightedRows: row out of range");
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "AddRows", [&] {
-    const scalar_t* yp = y.data_ptr<scalar_t>();
-    const float* wp = w.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    // Rows are distinct (one expert's tokens), so threads never write the same row.
-    at::parallel_for(0, n, RowGrain(d), [&](int64_t r0, int64_t r1) {
+                  out.dim() == 2 && y.dim() == 2 && y.size(0) == pairs &&
+                  y.size(1) == out.size(1) && y.stride(1) == 1 && r.top_k > 0 &&
+                  out.size(0) * r.top_k == pairs &&
+                  static_cast<int64_t>(r.places.size()) == pairs && r.weights.numel() == pairs,
+              "cpu::AddRoutedRows: expected float32 out [N, d], routes of N·top_k pairs and "
+              "y [N·top_k, d]");
+  RECORD_FUNCTION("praxis::add_routed_rows", std::vector<c10::IValue>());
+  const int64_t d = out.size(1), k = r.top_k, sy = y.stride(0);
+  for (int64_t p : r.places) TORCH_CHECK(p >= 0 && p < pairs, "cpu::AddRoutedRows: bad routes");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "AddRouted", [&] {
+    const scalar_t* yp = y.const_data_ptr<scalar_t>();
+    const float* wp = r.weights.const_data_ptr<float>();
+    float* op = out.mutable_data_ptr<float>();
+    // Each thread owns its tokens' rows of out: no two write one row.
+    at::parallel_for(0, out.size(0), RowGrain(d * k), [&](int64_t t0, int64_t t1) {
       std::vector<float> buf(d);
-      for (int64_t r = r0; r < r1; ++r) {
-        Load(yp + r * d, buf.data(), d);
-        AxpyRow(op + ip[r] * d, wp[r], buf.data(), d);
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t p = r.places[t * k + j];
+          AxpyRow(op + t * d, wp[p], AsFloats(yp + p * sy, buf.data(), d), d);
+        }
       }
     });
   });
@@ -1021,10 +1018,17 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
   r.weights = torch::empty({pairs}, torch::kFloat32);
   int64_t* tp = r.tokens.data_ptr<int64_t>();
   float* wp = r.weights.data_ptr<float>();
+  r.top_k = top_k;
+  r.places.resize(pairs);
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t at = next[chosen[p]]++;
     tp[at] = p / top_k;
     wp[at] = weight[p];
+    r.places[p] = at;
+  }
+  // Each token's places in expert order (its slots hold its experts in rank order).
+  for (int64_t t = 0; t < n; ++t) {
+    std::sort(r.places.begin() + t * top_k, r.places.begin() + (t + 1) * top_k);
   }
   return r;
 }
@@ -1549,13 +1553,25 @@ struct WeightLayout {
   bool transposed = false;
   int64_t ld = 0;
 };
-std::optional<WeightLayout> MklWeightLayout(const torch::Tensor& w) {
-  const int64_t k = w.size(0), n = w.size(1);
-  if (w.stride(1) == 1 && w.stride(0) >= std::max<int64_t>(n, 1))
-    return WeightLayout{false, w.stride(0)};
-  if (w.stride(0) == 1 && w.stride(1) >= std::max<int64_t>(k, 1))
-    return WeightLayout{true, w.stride(1)};
+std::optional<WeightLayout> MklWeightLayout(int64_t k, int64_t n, int64_t row_stride,
+                                            int64_t col_stride) {
+  if (col_stride == 1 && row_stride >= std::max<int64_t>(n, 1))
+    return WeightLayout{false, row_stride};
+  if (row_stride == 1 && col_stride >= std::max<int64_t>(k, 1))
+    return WeightLayout{true, col_stride};
   return std::nullopt;
+}
+std::optional<WeightLayout> MklWeightLayout(const torch::Tensor& w) {
+  return MklWeightLayout(w.size(0), w.size(1), w.stride(0), w.stride(1));
+}
+
+// c [m, n] (float32, rows of n) = a [m, k] (bf16, rows of lda) · w + beta · c, for w's values at
+// `w` addressed as `wl`: the CBLAS call, its sizes known to fit an int.
+void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t k, int64_t lda,
+                     const uint16_t* w, WeightLayout wl, int64_t n, float beta, float* c) {
+  gemm(kCblasRowMajor, kCblasNoTrans, wl.transposed ? kCblasTrans : kCblasNoTrans,
+       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
+       static_cast<int>(lda), w, static_cast<int>(wl.ld), beta, c, static_cast<int>(n));
 }
 
 // A CPU tensor of plain strided storage in bf16: what the CBLAS call reads or writes.
@@ -1602,13 +1618,9 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
     for (int64_t r = 1; r < m; ++r) std::memcpy(c + r * n, c, n * sizeof(float));
     beta = 1;
   }
-  const WeightLayout wl = *MklWeightLayout(w);
-  gemm(kCblasRowMajor, kCblasNoTrans, wl.transposed ? kCblasTrans : kCblasNoTrans,
-       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f,
-       reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()),
-       static_cast<int>(x.stride(0)),
-       reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
-       static_cast<int>(wl.ld), beta, c, static_cast<int>(n));
+  CallMklBf16Gemm(gemm, reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), m, k,
+                  x.stride(0), reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
+                  *MklWeightLayout(w), n, beta, c);
   c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
   for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
   return out;
@@ -1656,6 +1668,110 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
     return {};
   }
   return MklBf16Matmul(x, w, b, std::move(out));
+}
+
+int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& gate_up) {
+  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 ||
+      gate_up.scalar_type() != torch::kBFloat16 || gate_up.dim() < 2 || !SmallBf16GemmOnMkl()) {
+    return 0;
+  }
+  return kSmallBf16GemmOutputs / std::max<int64_t>(gate_up.size(-1), 1);
+}
+
+namespace {
+
+// Expert `expert` of a [E, K, N] weight stack, or the [K, N] weight itself (expert < 0), as the
+// CBLAS call addresses it; nullopt where it is not bf16 of such a form.
+struct MklWeight {
+  const uint16_t* data;
+  int64_t k, n;
+  WeightLayout layout;
+};
+std::optional<MklWeight> ExpertWeight(const torch::Tensor& w, int64_t expert) {
+  const int64_t d = w.dim();
+  if (!CpuBf16(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
+    return std::nullopt;
+  }
+  const int64_t k = w.size(d - 2), n = w.size(d - 1);
+  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(d - 2), w.stride(d - 1));
+  if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
+  const auto* base = reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>());
+  return MklWeight{base + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
+}
+
+// The operands RECORD_FUNCTION reports for one of SmallBf16ExpertInto's products (built only
+// while something records: a view of the rows and the expert's weight, as MklBf16Matmul's).
+std::vector<c10::IValue> RecordedProduct(const uint16_t* a, int64_t m, int64_t k, int64_t lda,
+                                         const torch::Tensor& w, int64_t expert) {
+  return {torch::from_blob(const_cast<uint16_t*>(a), {m, k}, {lda, 1},
+                           torch::TensorOptions().dtype(torch::kBFloat16)),
+          expert < 0 ? w : w.select(0, expert)};
+}
+
+}  // namespace
+
+bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
+                         torch::Tensor& out, int64_t out_first) {
+  const MklBf16Gemm gemm = FindMklBf16Gemm();
+  const std::optional<MklWeight> gu = ExpertWeight(gate_up, expert);
+  const std::optional<MklWeight> dn = ExpertWeight(down, expert);
+  if (gemm == nullptr || !gu.has_value() || !dn.has_value() || !CpuBf16(x) || x.dim() != 2 ||
+      x.stride(1) != 1 || !out.is_cpu() || out.dim() != 2 || out.stride(1) != 1 ||
+      (out.scalar_type() != torch::kFloat32 && out.scalar_type() != torch::kBFloat16)) {
+    return false;
+  }
+  const int64_t dim = x.size(1), inner = dn->k;
+  if (count < 1 || gu->k != dim || gu->n != 2 * inner || dn->n != out.size(1) || dn->n != dim ||
+      count * gu->n > kSmallBf16GemmOutputs || out_first < 0 || out_first + count > out.size(0) ||
+      (rows == nullptr && (first < 0 || first + count > x.size(0))) || x.stride(0) > INT_MAX ||
+      !SmallBf16GemmOnMkl()) {
+    return false;
+  }
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>());
+  // Each thread's buffers, sized for the largest piece it has run: no allocation per piece.
+  thread_local std::vector<uint16_t> gathered, hidden;
+  thread_local std::vector<float> products;
+  const uint16_t* a = xp + first * x.stride(0);
+  int64_t lda = x.stride(0);
+  if (rows != nullptr) {  // the piece's token rows, gathered
+    gathered.resize(static_cast<size_t>(count * dim));
+    for (int64_t r = 0; r < count; ++r) {
+      TORCH_CHECK(rows[r] >= 0 && rows[r] < x.size(0), "cpu::SmallBf16ExpertInto: row ", rows[r],
+                  " out of range");
+      std::memcpy(gathered.data() + r * dim, xp + rows[r] * x.stride(0), dim * sizeof(uint16_t));
+    }
+    a = gathered.data();
+    lda = dim;
+  }
+  products.resize(static_cast<size_t>(count * std::max(gu->n, dim)));
+  float* c = products.data();
+  {
+    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, count, dim, lda, gate_up, expert));
+    CallMklBf16Gemm(gemm, a, count, dim, lda, gu->data, gu->layout, gu->n, 0.0f, c);
+  }
+  // silu(gate) · up in float32 straight from the sums, rounded once: the down product's operand.
+  hidden.resize(static_cast<size_t>(count * inner));
+  for (int64_t r = 0; r < count; ++r) {
+    float* g = c + r * gu->n;
+    SiluMulRowBest(g, g + inner, g, inner);
+    Store(g, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
+  }
+  {
+    RECORD_FUNCTION("praxis::mkl_bf16_gemm",
+                    RecordedProduct(hidden.data(), count, inner, inner, down, expert));
+    CallMklBf16Gemm(gemm, hidden.data(), count, inner, inner, dn->data, dn->layout, dim, 0.0f, c);
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    if (out.scalar_type() == torch::kFloat32) {
+      std::memcpy(out.mutable_data_ptr<float>() + (out_first + r) * out.stride(0), c + r * dim,
+                  dim * sizeof(float));
+    } else {
+      Store(c + r * dim, out.mutable_data_ptr<c10::BFloat16>() + (out_first + r) * out.stride(0),
+            dim);
+    }
+  }
+  return true;
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }

@@ -52,12 +52,6 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 // the others finish; runs inline when called from a parallel region or with one thread.
 void RunTasks(int64_t count, const std::function<void(int64_t)>& task);
 
-// out[rows[i]] += weights[i] · y[i] for every row i of y: one expert's weighted outputs combined
-// into the MoE's float32 sum. out: contiguous float32 [N, d]; rows: int64 [n], distinct (threads
-// write rows concurrently) and each in [0, N); weights: float32 [n]; y: [n, d], any float dtype.
-void AddWeightedRows(torch::Tensor& out, const torch::Tensor& rows, const torch::Tensor& weights,
-                     const torch::Tensor& y);
-
 // The MoE router's logits x · routerᵀ in float32, read from x's rows in their own dtype (the
 // reference's float32 matmul of the same values, without a float32 copy of the tokens). x: CPU
 // [N, dim], any float dtype and strides; router: [E, dim]. Returns contiguous float32 [N, E].
@@ -71,9 +65,18 @@ struct ExpertRoutes {
   torch::Tensor tokens;         // int64 [N·top_k]: each pair's token, expert by expert
   torch::Tensor weights;        // float32 [N·top_k]: each pair's combine weight
   std::vector<int64_t> counts;  // [E]: each expert's pairs, the lengths of its slice
+  // [N·top_k]: token t's pairs' places in that order, ascending (expert order) from t·top_k
+  std::vector<int64_t> places;
+  int64_t top_k = 0;
 };
 ExpertRoutes RouteTopK(const torch::Tensor& logits, const torch::Tensor& bias, int64_t top_k,
                        double routed_scale);
+
+// out[t] += Σ weights[p] · y[p] over token t's pairs p in expert order (r.places), for every
+// token: the routed experts' outputs y [N·top_k, d] (rows in r's expert-sorted order, any float
+// dtype, unit-stride rows) combined into the MoE's float32 sum out (contiguous [N, d]), in the
+// order adding one expert after another gives, the tokens split across the threads.
+void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y);
 
 // One layout's attention as TileAttention walks it: for each query tile, the runs of keys it
 // attends (in groups of TileShape::key_group keys: a group none of the tile's rows attends is
@@ -196,6 +199,26 @@ bool SmallBf16GemmOnMkl();
 // layout makes ~40 such products, each mostly LibTorch's fixed per-call cost. Thread-safe.
 torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                               const torch::Tensor& b = {}, torch::Tensor out = {});
+
+// The most rows of bf16 tokens `x` a piece of the expert with fused weights `gate_up` [..., dim,
+// 2·inner] may have for SmallBf16ExpertInto to take it (its gate and up product within
+// kSmallBf16GemmOutputs); 0 where it takes none (not a CPU bf16 model, or not SmallBf16GemmOnMkl).
+// Thread-safe.
+int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& gate_up);
+
+// One SwiGLU expert over a few bf16 token rows on MKL's bf16 GEMM, without a LibTorch op: a piece
+// of the CPU's MoE at a robot's small layout made ~25 of them (~15 us) around its two products.
+// The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
+// [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
+// `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
+// takes; silu(gate) · up is computed in float32 from the first product's sums and rounded to bf16
+// once, as the second's operand (LibTorch's path rounds each product and the gate). Writes out's
+// rows [out_first, out_first + count) (float32 or bf16 [M, dim], unit-stride rows) and returns
+// true; returns false, writing nothing, where it does not take the piece (count over
+// SmallBf16ExpertRows, other forms). Runs on the calling thread; thread-safe.
+bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
+                         torch::Tensor& out, int64_t out_first);
 
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the

@@ -220,6 +220,11 @@ void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Te
 // torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
 constexpr int64_t kMoePieceRows = 256;
 
+// An expert of at most this many pieces of SmallBf16ExpertRows rows is cut into such pieces for
+// SmallBf16ExpertInto; a larger one (a batch's) keeps LibTorch's GEMM (oneDNN's), faster than
+// MKL's per row on products past ~32 K outputs (docs/benchmarks.md, stop 35).
+constexpr int64_t kSmallExpertPieces = 4;
+
 // The CPU's MoE after routing, as float32 [N, dim]: the shared expert over every token and each
 // routed expert over its slice of the expert-sorted pairs (r), cut into pieces of at most
 // kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
@@ -234,45 +239,52 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
     int64_t expert;  // -1: the shared expert, over tokens; else over the pairs' slice
     int64_t begin, rows;
   };
-  std::vector<Piece> pieces;
-  auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows) {
-    for (int64_t b = begin; b < begin + rows; b += kMoePieceRows) {
-      pieces.push_back({expert, b, std::min(kMoePieceRows, begin + rows - b)});
-    }
-  };
-  cut(-1, 0, xs.size(0));
-  std::vector<int64_t> starts;
-  int64_t begin = 0;
-  for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
-    starts.push_back(begin);
-    cut(e, begin, r.counts[e]);
-    begin += r.counts[e];
-  }
-  std::stable_sort(pieces.begin(), pieces.end(),
-                   [](const Piece& a, const Piece& b) { return a.rows > b.rows; });
-  torch::Tensor out = torch::empty({xs.size(0), xs.size(1)}, xs.options().dtype(torch::kFloat32));
   // Where the experts' GEMMs run in float32 anyway (16-bit weights on a CPU whose 16-bit GEMM is
   // the slower), the pieces stay in float32: the tokens converted once, not once per expert that
   // reads them, and the hidden rows and routed outputs never rounded to the weights' dtype (each
   // round trip a pass of its own).
   const torch::Tensor x = GemmInFloat32(xs, w.shared_gate_up) ? xs.to(torch::kFloat32) : xs;
+  std::vector<Piece> pieces;
+  // A bf16 expert of few rows runs on MKL's GEMM without LibTorch's ops (SmallBf16ExpertInto),
+  // in pieces as large as it takes; the others in pieces of kMoePieceRows.
+  const int64_t shared_small = cpu::SmallBf16ExpertRows(x, w.shared_gate_up);
+  const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up);
+  auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows, int64_t small) {
+    const int64_t size = small > 0 && rows <= kSmallExpertPieces * small ? small : kMoePieceRows;
+    for (int64_t b = begin; b < begin + rows; b += size) {
+      pieces.push_back({expert, b, std::min(size, begin + rows - b)});
+    }
+  };
+  cut(-1, 0, xs.size(0), shared_small);
+  int64_t begin = 0;
+  for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
+    cut(e, begin, r.counts[e], routed_small);
+    begin += r.counts[e];
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.rows > b.rows; });
+  torch::Tensor out = torch::empty({xs.size(0), xs.size(1)}, xs.options().dtype(torch::kFloat32));
   torch::Tensor routed = torch::empty({r.tokens.size(0), xs.size(1)}, x.options());
+  const int64_t* tokens = r.tokens.const_data_ptr<int64_t>();
   cpu::RunTasks(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[i];
     if (p.expert < 0) {
+      if (cpu::SmallBf16ExpertInto(x, nullptr, p.begin, p.rows, w.shared_gate_up, w.shared_down, -1,
+                                   out, p.begin)) {
+        return;
+      }
       FusedExpertInto(x.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
                       out.narrow(0, p.begin, p.rows));
     } else {
+      if (cpu::SmallBf16ExpertInto(x, tokens + p.begin, 0, p.rows, w.gate_up, w.down, p.expert,
+                                   routed, p.begin)) {
+        return;
+      }
       FusedExpertInto(x.index_select(0, r.tokens.narrow(0, p.begin, p.rows)), w.gate_up[p.expert],
                       w.down[p.expert], routed.narrow(0, p.begin, p.rows));
     }
   });
-  for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
-    if (r.counts[e] == 0) continue;
-    cpu::AddWeightedRows(out, r.tokens.narrow(0, starts[e], r.counts[e]),
-                         r.weights.narrow(0, starts[e], r.counts[e]),
-                         routed.narrow(0, starts[e], r.counts[e]));
-  }
+  cpu::AddRoutedRows(out, r, routed);
   return out;
 }
 

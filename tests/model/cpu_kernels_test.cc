@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -108,22 +109,32 @@ TEST(CpuKernelsTest, SiluMulEqualsSiluTimesUpInEveryDtype) {
   EXPECT_TRUE(std::isnan(nan_bf16[0].item<float>()));
 }
 
-TEST(CpuKernelsTest, AddWeightedRowsEqualsIndexAdd) {
+// Each token's pairs added as one expert after another would add them (the slices in order).
+TEST(CpuKernelsTest, AddRoutedRowsEqualsIndexAddInExpertOrder) {
   torch::manual_seed(3);
-  const torch::Tensor rows = torch::tensor({7, 0, 3, 9, 4}, torch::kInt64);
-  const torch::Tensor w = torch::rand({5});
+  const int64_t tokens = 300, experts = 6, top_k = 2;
+  const cpu::ExpertRoutes r =
+      cpu::RouteTopK(torch::randn({tokens, experts}), torch::zeros({experts}), top_k, 1.0);
   for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
-    const torch::Tensor y = torch::randn({5, 33}).to(dt);
-    torch::Tensor out = torch::randn({10, 33});
-    const torch::Tensor want =
-        out.clone().index_add_(0, rows, w.unsqueeze(1) * y.to(torch::kFloat32));
-    cpu::AddWeightedRows(out, rows, w, y);
+    const torch::Tensor y = torch::randn({tokens * top_k, 33}).to(dt);
+    torch::Tensor out = torch::randn({tokens, 33});
+    torch::Tensor want = out.clone();
+    int64_t begin = 0;
+    for (int64_t n : r.counts) {
+      want.index_add_(
+          0, r.tokens.narrow(0, begin, n),
+          r.weights.narrow(0, begin, n).unsqueeze(1) * y.narrow(0, begin, n).to(torch::kFloat32));
+      begin += n;
+    }
+    cpu::AddRoutedRows(out, r, y);
     EXPECT_LE(MaxAbsDiff(out, want), 1e-6) << dt;
   }
-  torch::Tensor out = torch::zeros({4, 33});
-  EXPECT_THROW(cpu::AddWeightedRows(out, torch::tensor({4}, torch::kInt64), torch::ones({1}),
-                                    torch::ones({1, 33})),
-               c10::Error);
+  torch::Tensor wrong = torch::zeros({tokens + 1, 33});
+  EXPECT_THROW(cpu::AddRoutedRows(wrong, r, torch::ones({tokens * top_k, 33})), c10::Error);
+  cpu::ExpertRoutes bad = r;
+  bad.places[5] = tokens * top_k;
+  torch::Tensor out = torch::zeros({tokens, 33});
+  EXPECT_THROW(cpu::AddRoutedRows(out, bad, torch::ones({tokens * top_k, 33})), c10::Error);
 }
 
 TEST(CpuKernelsTest, MaxAbsEqualsAtenAndNamesNonFiniteValues) {
@@ -187,6 +198,12 @@ TEST(CpuKernelsTest, RouteTopKEqualsTopkThenAStableSortByExpert) {
               std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + e))
         << k;
     EXPECT_EQ(got.counts[2], 0) << k;
+    // Each token's places in the sorted order, ascending: the inverse of the sort, per token.
+    std::vector<int64_t> places(n * k);
+    for (int64_t at = 0; at < n * k; ++at) places[order[at].item<int64_t>()] = at;
+    for (int64_t t = 0; t < n; ++t) std::sort(places.begin() + t * k, places.begin() + (t + 1) * k);
+    EXPECT_EQ(got.places, places) << k;
+    EXPECT_EQ(got.top_k, k);
   }
   // Ties go to the lower expert.
   const cpu::ExpertRoutes tied =
