@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -1565,13 +1566,14 @@ std::optional<WeightLayout> MklWeightLayout(const torch::Tensor& w) {
   return MklWeightLayout(w.size(0), w.size(1), w.stride(0), w.stride(1));
 }
 
-// c [m, n] (float32, rows of n) = a [m, k] (bf16, rows of lda) · w + beta · c, for w's values at
-// `w` addressed as `wl`: the CBLAS call, its sizes known to fit an int.
+// c [m, n] (float32, rows of ldc) = a [m, k] (bf16, rows of lda) · w + beta · c, for w's values
+// at `w` addressed as `wl`: the CBLAS call, its sizes known to fit an int.
 void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t k, int64_t lda,
-                     const uint16_t* w, WeightLayout wl, int64_t n, float beta, float* c) {
+                     const uint16_t* w, WeightLayout wl, int64_t n, float beta, float* c,
+                     int64_t ldc) {
   gemm(kCblasRowMajor, kCblasNoTrans, wl.transposed ? kCblasTrans : kCblasNoTrans,
        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-       static_cast<int>(lda), w, static_cast<int>(wl.ld), beta, c, static_cast<int>(n));
+       static_cast<int>(lda), w, static_cast<int>(wl.ld), beta, c, static_cast<int>(ldc));
 }
 
 // A CPU tensor of plain strided storage in bf16: what the CBLAS call reads or writes.
@@ -1620,7 +1622,7 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
   }
   CallMklBf16Gemm(gemm, reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), m, k,
                   x.stride(0), reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
-                  *MklWeightLayout(w), n, beta, c);
+                  *MklWeightLayout(w), n, beta, c, n);
   c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
   for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
   return out;
@@ -1670,60 +1672,76 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
   return MklBf16Matmul(x, w, b, std::move(out));
 }
 
-int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& gate_up) {
-  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 ||
-      gate_up.scalar_type() != torch::kBFloat16 || gate_up.dim() < 2 || !SmallBf16GemmOnMkl()) {
+int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width) {
+  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 || w.scalar_type() != torch::kBFloat16 ||
+      width < 1 || !SmallBf16GemmOnMkl()) {
     return 0;
   }
-  return kSmallBf16GemmOutputs / std::max<int64_t>(gate_up.size(-1), 1);
+  return kSmallBf16GemmOutputs / width;
 }
 
 namespace {
 
-// Expert `expert` of a [E, K, N] weight stack, or the [K, N] weight itself (expert < 0), as the
-// CBLAS call addresses it; nullopt where it is not bf16 of such a form.
+// A [K, N] weight operand as the CBLAS call addresses it.
 struct MklWeight {
   const uint16_t* data;
   int64_t k, n;
   WeightLayout layout;
+
+  // Columns [c0, c0 + count) of it (gate and up, the halves of a fused gate_up).
+  MklWeight Columns(int64_t c0, int64_t count) const {
+    return {data + (layout.transposed ? c0 * layout.ld : c0), k, count, layout};
+  }
 };
-std::optional<MklWeight> ExpertWeight(const torch::Tensor& w, int64_t expert) {
+
+// Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
+// a Linear's [N, K] weight read as its transpose; nullopt where it is not bf16 of such a form.
+std::optional<MklWeight> MklOperand(const torch::Tensor& w, int64_t expert, bool linear = false) {
   const int64_t d = w.dim();
   if (!CpuBf16(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
     return std::nullopt;
   }
-  const int64_t k = w.size(d - 2), n = w.size(d - 1);
-  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(d - 2), w.stride(d - 1));
+  const int64_t rk = linear ? d - 1 : d - 2, rn = linear ? d - 2 : d - 1;
+  const int64_t k = w.size(rk), n = w.size(rn);
+  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(rk), w.stride(rn));
   if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
   const auto* base = reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>());
   return MklWeight{base + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
 }
 
-// The operands RECORD_FUNCTION reports for one of SmallBf16ExpertInto's products (built only
-// while something records: a view of the rows and the expert's weight, as MklBf16Matmul's).
-std::vector<c10::IValue> RecordedProduct(const uint16_t* a, int64_t m, int64_t k, int64_t lda,
-                                         const torch::Tensor& w, int64_t expert) {
-  return {torch::from_blob(const_cast<uint16_t*>(a), {m, k}, {lda, 1},
-                           torch::TensorOptions().dtype(torch::kBFloat16)),
-          expert < 0 ? w : w.select(0, expert)};
+// The operands RECORD_FUNCTION reports for one product of SmallGatedInto (built only while
+// something records): views of the rows and of the weight, as MklBf16Matmul's.
+std::vector<c10::IValue> RecordedProduct(const uint16_t* a, int64_t m, int64_t lda,
+                                         const MklWeight& w) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const int64_t ld = w.layout.ld;
+  return {
+      torch::from_blob(const_cast<uint16_t*>(a), {m, w.k}, {lda, 1}, bf16),
+      torch::from_blob(
+          const_cast<uint16_t*>(w.data), {w.k, w.n},
+          w.layout.transposed ? std::vector<int64_t>{1, ld} : std::vector<int64_t>{ld, 1}, bf16)};
 }
 
-}  // namespace
-
-bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
-                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
-                         torch::Tensor& out, int64_t out_first) {
+// silu(x·gate) · (x·up) · down for `count` bf16 rows of x (rows[i], or from `first`), into out's
+// rows from out_first; gate and up are `firsts` (one fused gate_up, or the two), down [inner,
+// dim]. The checks are SmallBf16ExpertInto's (docs there).
+bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                    std::initializer_list<MklWeight> firsts, const MklWeight& down,
+                    torch::Tensor& out, int64_t out_first) {
   const MklBf16Gemm gemm = FindMklBf16Gemm();
-  const std::optional<MklWeight> gu = ExpertWeight(gate_up, expert);
-  const std::optional<MklWeight> dn = ExpertWeight(down, expert);
-  if (gemm == nullptr || !gu.has_value() || !dn.has_value() || !CpuBf16(x) || x.dim() != 2 ||
-      x.stride(1) != 1 || !out.is_cpu() || out.dim() != 2 || out.stride(1) != 1 ||
+  if (gemm == nullptr || !CpuBf16(x) || x.dim() != 2 || x.stride(1) != 1 || !out.is_cpu() ||
+      out.dim() != 2 || out.stride(1) != 1 ||
       (out.scalar_type() != torch::kFloat32 && out.scalar_type() != torch::kBFloat16)) {
     return false;
   }
-  const int64_t dim = x.size(1), inner = dn->k;
-  if (count < 1 || gu->k != dim || gu->n != 2 * inner || dn->n != out.size(1) || dn->n != dim ||
-      count * gu->n > kSmallBf16GemmOutputs || out_first < 0 || out_first + count > out.size(0) ||
+  const int64_t dim = x.size(1), inner = down.k;
+  int64_t width = 0;
+  for (const MklWeight& w : firsts) {
+    if (w.k != dim) return false;
+    width += w.n;
+  }
+  if (count < 1 || width != 2 * inner || down.n != dim || out.size(1) != dim ||
+      count * width > kSmallBf16GemmOutputs || out_first < 0 || out_first + count > out.size(0) ||
       (rows == nullptr && (first < 0 || first + count > x.size(0))) || x.stride(0) > INT_MAX ||
       !SmallBf16GemmOnMkl()) {
     return false;
@@ -1744,23 +1762,25 @@ bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t fi
     a = gathered.data();
     lda = dim;
   }
-  products.resize(static_cast<size_t>(count * std::max(gu->n, dim)));
+  products.resize(static_cast<size_t>(count * std::max(width, dim)));
   float* c = products.data();
-  {
-    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, count, dim, lda, gate_up, expert));
-    CallMklBf16Gemm(gemm, a, count, dim, lda, gu->data, gu->layout, gu->n, 0.0f, c);
+  int64_t column = 0;
+  for (const MklWeight& w : firsts) {
+    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, count, lda, w));
+    CallMklBf16Gemm(gemm, a, count, dim, lda, w.data, w.layout, w.n, 0.0f, c + column, width);
+    column += w.n;
   }
   // silu(gate) · up in float32 straight from the sums, rounded once: the down product's operand.
   hidden.resize(static_cast<size_t>(count * inner));
   for (int64_t r = 0; r < count; ++r) {
-    float* g = c + r * gu->n;
+    float* g = c + r * width;
     SiluMulRowBest(g, g + inner, g, inner);
     Store(g, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
   }
   {
-    RECORD_FUNCTION("praxis::mkl_bf16_gemm",
-                    RecordedProduct(hidden.data(), count, inner, inner, down, expert));
-    CallMklBf16Gemm(gemm, hidden.data(), count, inner, inner, dn->data, dn->layout, dim, 0.0f, c);
+    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(hidden.data(), count, inner, down));
+    CallMklBf16Gemm(gemm, hidden.data(), count, inner, inner, down.data, down.layout, dim, 0.0f, c,
+                    dim);
   }
   for (int64_t r = 0; r < count; ++r) {
     if (out.scalar_type() == torch::kFloat32) {
@@ -1772,6 +1792,27 @@ bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t fi
     }
   }
   return true;
+}
+
+}  // namespace
+
+bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
+                         torch::Tensor& out, int64_t out_first) {
+  const std::optional<MklWeight> gu = MklOperand(gate_up, expert);
+  const std::optional<MklWeight> dn = MklOperand(down, expert);
+  if (!gu.has_value() || !dn.has_value()) return false;
+  return SmallGatedInto(x, rows, first, count, {*gu}, *dn, out, out_first);
+}
+
+bool SmallBf16SwiGluInto(const torch::Tensor& x, int64_t first, int64_t count,
+                         const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& down,
+                         torch::Tensor& out) {
+  const std::optional<MklWeight> gate = MklOperand(a, -1, /*linear=*/true);
+  const std::optional<MklWeight> up = MklOperand(b, -1, /*linear=*/true);
+  const std::optional<MklWeight> dn = MklOperand(down, -1, /*linear=*/true);
+  if (!gate.has_value() || !up.has_value() || !dn.has_value() || gate->n != up->n) return false;
+  return SmallGatedInto(x, nullptr, first, count, {*gate, *up}, *dn, out, first);
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }

@@ -200,11 +200,11 @@ bool SmallBf16GemmOnMkl();
 torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                               const torch::Tensor& b = {}, torch::Tensor out = {});
 
-// The most rows of bf16 tokens `x` a piece of the expert with fused weights `gate_up` [..., dim,
-// 2·inner] may have for SmallBf16ExpertInto to take it (its gate and up product within
-// kSmallBf16GemmOutputs); 0 where it takes none (not a CPU bf16 model, or not SmallBf16GemmOnMkl).
-// Thread-safe.
-int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& gate_up);
+// The most rows of bf16 tokens `x` a piece of a SwiGLU with bf16 weights `w` (its gate and up
+// product `width` = 2·inner wide) may have for SmallBf16ExpertInto / SmallBf16SwiGluInto to take
+// it (that product within kSmallBf16GemmOutputs); 0 where they take none (not a CPU bf16 model,
+// or not SmallBf16GemmOnMkl). Thread-safe.
+int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width);
 
 // One SwiGLU expert over a few bf16 token rows on MKL's bf16 GEMM, without a LibTorch op: a piece
 // of the CPU's MoE at a robot's small layout made ~25 of them (~15 us) around its two products.
@@ -219,6 +219,13 @@ int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& gate_up
 bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                          const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
                          torch::Tensor& out, int64_t out_first);
+
+// SmallBf16ExpertInto for a dense SwiGLU layer's rows [first, first + count) of x: Linear
+// weights a (gate) and b (up) [inner, dim] and down [dim, inner], out's same rows written.
+// Thread-safe.
+bool SmallBf16SwiGluInto(const torch::Tensor& x, int64_t first, int64_t count,
+                         const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& down,
+                         torch::Tensor& out);
 
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the

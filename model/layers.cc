@@ -19,6 +19,12 @@ namespace praxis::model {
 
 namespace {
 
+// A SwiGLU (an expert, or a dense layer) over at most this many pieces of SmallBf16ExpertRows rows
+// is cut into such pieces for SmallBf16ExpertInto / SmallBf16SwiGluInto; a larger one (a batch's)
+// keeps LibTorch's GEMM (oneDNN's), faster than MKL's per row on products past ~32 K outputs
+// (docs/benchmarks.md, stop 35).
+constexpr int64_t kSmallExpertPieces = 4;
+
 // Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).
 bool GemmInFloat32(const torch::Tensor& x, const torch::Tensor& w) {
   return !x.is_cuda() && w.scalar_type() != torch::kFloat32 &&
@@ -143,6 +149,24 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
+  // A bf16 layer over a robot's few hundred tokens runs as the small experts do: in pieces on
+  // MKL's GEMM, without LibTorch's ops (a, b [inner, dim]: its gate and up product is 2·inner
+  // wide).
+  const int64_t small = cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
+  const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
+  if (small > 0 && rows.size(0) <= kSmallExpertPieces * small) {
+    torch::Tensor out = torch::empty(rows.sizes(), rows.options());
+    const int64_t pieces = (rows.size(0) + small - 1) / small;
+    std::vector<char> done(pieces, 0);
+    cpu::RunTasks(pieces, [&](int64_t i) {
+      const int64_t first = i * small;
+      done[i] = cpu::SmallBf16SwiGluInto(rows, first, std::min(small, rows.size(0) - first), a, b,
+                                         down, out);
+    });
+    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) {
+      return out.view(xd.sizes());
+    }
+  }
   return Linear(SiluMul(Linear(xd, a, {}), Linear(xd, b, {})), down, {});
 }
 
@@ -220,11 +244,6 @@ void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Te
 // torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
 constexpr int64_t kMoePieceRows = 256;
 
-// An expert of at most this many pieces of SmallBf16ExpertRows rows is cut into such pieces for
-// SmallBf16ExpertInto; a larger one (a batch's) keeps LibTorch's GEMM (oneDNN's), faster than
-// MKL's per row on products past ~32 K outputs (docs/benchmarks.md, stop 35).
-constexpr int64_t kSmallExpertPieces = 4;
-
 // The CPU's MoE after routing, as float32 [N, dim]: the shared expert over every token and each
 // routed expert over its slice of the expert-sorted pairs (r), cut into pieces of at most
 // kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
@@ -247,8 +266,9 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   std::vector<Piece> pieces;
   // A bf16 expert of few rows runs on MKL's GEMM without LibTorch's ops (SmallBf16ExpertInto),
   // in pieces as large as it takes; the others in pieces of kMoePieceRows.
-  const int64_t shared_small = cpu::SmallBf16ExpertRows(x, w.shared_gate_up);
-  const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up);
+  const int64_t shared_small =
+      cpu::SmallBf16ExpertRows(x, w.shared_gate_up, w.shared_gate_up.size(-1));
+  const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up, w.gate_up.size(-1));
   auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows, int64_t small) {
     const int64_t size = small > 0 && rows <= kSmallExpertPieces * small ? small : kMoePieceRows;
     for (int64_t b = begin; b < begin + rows; b += size) {

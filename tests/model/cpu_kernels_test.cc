@@ -774,6 +774,75 @@ TEST(MklBf16MatmulTest, SmallProductsTakeItWhereMeasuredFaster) {
   EXPECT_FALSE(cpu::SmallBf16Matmul(torch::randn({rows, 64}).to(torch::kBFloat16), w).defined());
 }
 
+// silu(x·gate)·(x·up)·down in float32 from bf16 values, the hidden rows rounded to bf16 once:
+// what SmallBf16ExpertInto and SmallBf16SwiGluInto compute (gate and up [dim, inner]).
+torch::Tensor GatedOracle(const torch::Tensor& x, const torch::Tensor& gate,
+                          const torch::Tensor& up, const torch::Tensor& down) {
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  const torch::Tensor hidden =
+      torch::silu(xf.matmul(gate.to(torch::kFloat32))) * xf.matmul(up.to(torch::kFloat32));
+  return hidden.to(torch::kBFloat16).to(torch::kFloat32).matmul(down.to(torch::kFloat32));
+}
+
+// Both forms, rows gathered or a run of them, float32 and bf16 outputs: the oracle's values in
+// the rows asked for and nothing else written; every form it cannot take refused untouched.
+TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Values) {
+  torch::manual_seed(15);
+  const int64_t dim = 32, inner = 16, experts = 3;
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const torch::Tensor x = torch::randn({20, dim}, bf16);
+  const torch::Tensor gate_up = (torch::randn({experts, dim, 2 * inner}) / 4).to(torch::kBFloat16);
+  const torch::Tensor down = (torch::randn({experts, inner, dim}) / 4).to(torch::kBFloat16);
+  const std::vector<int64_t> rows = {3, 7, 7, 0, 19};
+  torch::Tensor out = torch::zeros({10, dim});
+  const bool taken = cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2);
+  if (!cpu::SmallBf16GemmOnMkl()) {
+    EXPECT_FALSE(taken);
+    EXPECT_EQ(cpu::SmallBf16ExpertRows(x, gate_up, 2 * inner), 0);
+    return;
+  }
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(cpu::SmallBf16ExpertRows(x, gate_up, 2 * inner), cpu::kSmallBf16GemmOutputs / 32);
+  const torch::Tensor picked = x.index_select(0, torch::tensor(rows, torch::kInt64));
+  const auto gu = gate_up[1].chunk(2, -1);
+  const torch::Tensor want = GatedOracle(picked, gu[0], gu[1], down[1]);
+  EXPECT_LE(MaxAbsDiff(out.narrow(0, 2, 5), want), 1e-2 * want.abs().max().item<double>());
+  EXPECT_EQ(out.narrow(0, 0, 2).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(out.narrow(0, 7, 3).abs().max().item<float>(), 0.0f);
+
+  // The shared expert's form (2-D weights, a run of rows) into bf16 rows.
+  torch::Tensor out16 = torch::zeros({20, dim}, bf16);
+  ASSERT_TRUE(cpu::SmallBf16ExpertInto(x, nullptr, 4, 3, gate_up[0], down[0], -1, out16, 4));
+  const auto gu0 = gate_up[0].chunk(2, -1);
+  const torch::Tensor want0 = GatedOracle(x.narrow(0, 4, 3), gu0[0], gu0[1], down[0]);
+  EXPECT_LE(MaxAbsDiff(out16.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
+
+  // A dense SwiGLU's Linear weights: a, b [inner, dim], down [dim, inner].
+  const torch::Tensor a = gu0[0].t().contiguous(), b = gu0[1].t().contiguous();
+  const torch::Tensor down_linear = down[0].t().contiguous();
+  torch::Tensor dense = torch::zeros({20, dim}, bf16);
+  ASSERT_TRUE(cpu::SmallBf16SwiGluInto(x, 4, 3, a, b, down_linear, dense));
+  EXPECT_LE(MaxAbsDiff(dense.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
+  EXPECT_EQ(dense.narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
+
+  // Refused, nothing written: a row out of range throws; other forms return false.
+  const std::vector<int64_t> bad = {20};
+  EXPECT_THROW(cpu::SmallBf16ExpertInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
+  const torch::Tensor before = out.clone();
+  const int64_t over = cpu::kSmallBf16GemmOutputs / (2 * inner) + 1;
+  const torch::Tensor many = torch::randn({over, dim}, bf16);
+  torch::Tensor big = torch::zeros({over, dim});
+  EXPECT_FALSE(cpu::SmallBf16ExpertInto(many, nullptr, 0, over, gate_up, down, 0, big, 0));
+  EXPECT_FALSE(
+      cpu::SmallBf16ExpertInto(x.to(torch::kFloat32), rows.data(), 0, 5, gate_up, down, 1, out, 0));
+  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, experts, out, 0));
+  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 6));
+  torch::Tensor narrow_out = torch::zeros({10, dim - 1});
+  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, narrow_out, 0));
+  EXPECT_TRUE(torch::equal(out, before));
+  EXPECT_EQ(big.abs().max().item<float>(), 0.0f);
+}
+
 #if defined(__x86_64__)
 TEST(CpuRuntimeTest, DetectsThisCpu) {
   const CpuIsa isa = DetectCpuIsa();
