@@ -152,9 +152,9 @@ torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch
   // A bf16 layer over a robot's few hundred tokens runs as the small experts do: in pieces on
   // MKL's GEMM, without LibTorch's ops (a, b [inner, dim]: its gate and up product is 2·inner
   // wide).
-  const int64_t small = cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
-  const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
-  if (small > 0 && rows.size(0) <= kSmallExpertPieces * small) {
+  const int64_t small = GemmInFloat32(xd, a) ? 0 : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
+  if (small > 0 && xd.numel() <= kSmallExpertPieces * small * xd.size(-1)) {
+    const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
     torch::Tensor out = torch::empty(rows.sizes(), rows.options());
     const int64_t pieces = (rows.size(0) + small - 1) / small;
     std::vector<char> done(pieces, 0);
