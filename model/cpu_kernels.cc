@@ -509,7 +509,7 @@ inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m51
 
 // SiluMulRowAvx512 for bf16 rows, in one pass (each vector converted on load and rounded once on
 // store): as the result is rounded to bf16 (2^-9), e^-a takes kExp2Fit4 on one product by log2 e
-// and 1 / (1 + e^-a) vrcp14ps alone (relative errors 2.7e-6, ~1e-6 and 2^-14, all well inside
+// and 1 / (1 + e^-a) vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside
 // the rounding). Converting the rows to float32 buffers and back around the float32 kernel took
 // 1.4x its time.
 __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void SiluMulRowBf16Avx512(
@@ -1687,11 +1687,6 @@ struct MklWeight {
   const uint16_t* data;
   int64_t k, n;
   WeightLayout layout;
-
-  // Columns [c0, c0 + count) of it (gate and up, the halves of a fused gate_up).
-  MklWeight Columns(int64_t c0, int64_t count) const {
-    return {data + (layout.transposed ? c0 * layout.ld : c0), k, count, layout};
-  }
 };
 
 // Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
@@ -1740,7 +1735,10 @@ bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, 
     if (w.k != dim) return false;
     width += w.n;
   }
-  if (count < 1 || width != 2 * inner || down.n != dim || out.size(1) != dim ||
+  // MKL refuses a leading dimension under a row's length (and then writes nothing): a run of
+  // rows must be laid out as rows; one row is read as such whatever its stride.
+  if (count < 1 || dim < 1 || inner < 1 || width != 2 * inner || down.n != dim ||
+      out.size(1) != dim || (rows == nullptr && count > 1 && x.stride(0) < dim) ||
       count * width > kSmallBf16GemmOutputs || out_first < 0 || out_first + count > out.size(0) ||
       (rows == nullptr && (first < 0 || first + count > x.size(0))) || x.stride(0) > INT_MAX ||
       !SmallBf16GemmOnMkl()) {
@@ -1751,7 +1749,7 @@ bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, 
   thread_local std::vector<uint16_t> gathered, hidden;
   thread_local std::vector<float> products;
   const uint16_t* a = xp + first * x.stride(0);
-  int64_t lda = x.stride(0);
+  int64_t lda = count == 1 ? dim : x.stride(0);
   if (rows != nullptr) {  // the piece's token rows, gathered
     gathered.resize(static_cast<size_t>(count * dim));
     for (int64_t r = 0; r < count; ++r) {

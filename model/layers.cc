@@ -20,9 +20,11 @@ namespace praxis::model {
 namespace {
 
 // A SwiGLU (an expert, or a dense layer) over at most this many pieces of SmallBf16ExpertRows rows
-// is cut into such pieces for SmallBf16ExpertInto / SmallBf16SwiGluInto; a larger one (a batch's)
-// keeps LibTorch's GEMM (oneDNN's), faster than MKL's per row on products past ~32 K outputs
-// (docs/benchmarks.md, stop 35).
+// is cut into such pieces for SmallBf16ExpertInto / SmallBf16SwiGluInto. A larger expert (a
+// batch's) is cut into pieces of kMoePieceRows, which take MKL's path only where such a piece's
+// product still fits (narrow experts), else LibTorch's GEMM (oneDNN's: faster than MKL's per row
+// on products past ~32 K outputs, docs/benchmarks.md, stop 35); a larger dense layer runs on
+// LibTorch's.
 constexpr int64_t kSmallExpertPieces = 4;
 
 // Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).

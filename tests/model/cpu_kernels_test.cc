@@ -825,6 +825,18 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
 
+  // One row is read as a row whatever its stride ([dim, 1]ᵀ: stride 1 on its size-1 dimension);
+  // a run of rows that is not laid out as rows (an expanded one) is refused.
+  const torch::Tensor one = x.narrow(0, 4, 1).as_strided({1, dim}, {1, 1});
+  ASSERT_EQ(one.stride(0), 1);
+  torch::Tensor out1 = torch::zeros({1, dim}, bf16);
+  ASSERT_TRUE(cpu::SmallBf16ExpertInto(one, nullptr, 0, 1, gate_up[0], down[0], -1, out1, 0));
+  EXPECT_LE(MaxAbsDiff(out1, want0.narrow(0, 0, 1)), 2e-2 * want0.abs().max().item<double>());
+  torch::Tensor out3 = torch::zeros({3, dim}, bf16);
+  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x.narrow(0, 4, 1).expand({3, dim}), nullptr, 0, 3,
+                                        gate_up[0], down[0], -1, out3, 0));
+  EXPECT_EQ(out3.abs().max().item<float>(), 0.0f);
+
   // Refused, nothing written: a row out of range throws; other forms return false.
   const std::vector<int64_t> bad = {20};
   EXPECT_THROW(cpu::SmallBf16ExpertInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
