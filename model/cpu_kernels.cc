@@ -1562,36 +1562,58 @@ std::optional<WeightLayout> MklWeightLayout(int64_t k, int64_t n, int64_t row_st
     return WeightLayout{true, col_stride};
   return std::nullopt;
 }
-std::optional<WeightLayout> MklWeightLayout(const torch::Tensor& w) {
-  return MklWeightLayout(w.size(0), w.size(1), w.stride(0), w.stride(1));
-}
-
-// c [m, n] (float32, rows of ldc) = a [m, k] (bf16, rows of lda) · w + beta · c, for w's values
-// at `w` addressed as `wl`: the CBLAS call, its sizes known to fit an int.
-void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t k, int64_t lda,
-                     const uint16_t* w, WeightLayout wl, int64_t n, float beta, float* c,
-                     int64_t ldc) {
-  gemm(kCblasRowMajor, kCblasNoTrans, wl.transposed ? kCblasTrans : kCblasNoTrans,
-       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a,
-       static_cast<int>(lda), w, static_cast<int>(wl.ld), beta, c, static_cast<int>(ldc));
-}
 
 // A CPU tensor of plain strided storage in bf16: what the CBLAS call reads or writes.
 bool CpuBf16(const torch::Tensor& t) {
   return t.is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kBFloat16;
 }
 
-// Whether MklBf16Matmul takes these operands: what its CBLAS call can address.
-bool MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  if (!CpuBf16(x) || !CpuBf16(w) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) {
-    return false;
+// A [K, N] weight operand as the CBLAS call addresses it.
+struct MklWeight {
+  const uint16_t* data;
+  int64_t k, n;
+  WeightLayout layout;
+};
+
+// Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
+// a Linear's [N, K] weight read as its transpose; nullopt where it is not bf16 of such a form.
+std::optional<MklWeight> MklOperand(const torch::Tensor& w, int64_t expert, bool linear = false) {
+  const int64_t d = w.dim();
+  if (!CpuBf16(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
+    return std::nullopt;
   }
+  const int64_t rk = linear ? d - 1 : d - 2, rn = linear ? d - 2 : d - 1;
+  const int64_t k = w.size(rk), n = w.size(rn);
+  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(rk), w.stride(rn));
+  if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
+  const auto* base = reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>());
+  return MklWeight{base + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
+}
+
+// c [m, w.n] (float32, rows of ldc) = a [m, w.k] (bf16, rows of lda) · w + beta · c: the CBLAS
+// call, its sizes known to fit an int.
+void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t lda,
+                     const MklWeight& w, float beta, float* c, int64_t ldc) {
+  gemm(kCblasRowMajor, kCblasNoTrans, w.layout.transposed ? kCblasTrans : kCblasNoTrans,
+       static_cast<int>(m), static_cast<int>(w.n), static_cast<int>(w.k), 1.0f, a,
+       static_cast<int>(lda), w.data, static_cast<int>(w.layout.ld), beta, c,
+       static_cast<int>(ldc));
+}
+
+// w as MklBf16Matmul's CBLAS call reads it, where that call can address all its operands;
+// nullopt where it cannot.
+std::optional<MklWeight> MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w,
+                                         const torch::Tensor& b) {
+  if (!CpuBf16(x) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) return std::nullopt;
+  const std::optional<MklWeight> wt = MklOperand(w, -1);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
-  const std::optional<WeightLayout> wl = MklWeightLayout(w);
   const bool b_ok =
       !b.defined() || (CpuBf16(b) && b.dim() == 1 && b.size(0) == n && b.stride(0) == 1);
-  return m > 0 && n > 0 && k > 0 && x.stride(1) == 1 && x.stride(0) >= k && wl.has_value() &&
-         b_ok && std::max({m, n, k, x.stride(0), wl->ld}) <= INT_MAX;
+  if (!wt.has_value() || !b_ok || m < 1 || n < 1 || k < 1 || x.stride(1) != 1 || x.stride(0) < k ||
+      std::max(m, x.stride(0)) > INT_MAX) {
+    return std::nullopt;
+  }
+  return wt;
 }
 
 }  // namespace
@@ -1599,8 +1621,9 @@ bool MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w, const torch
 torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                             torch::Tensor out) {
   const MklBf16Gemm gemm = FindMklBf16Gemm();
-  if (gemm == nullptr || !MklBf16Operands(x, w, b)) return {};
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
+  const std::optional<MklWeight> wt = MklBf16Operands(x, w, b);
+  if (gemm == nullptr || !wt.has_value()) return {};
+  const int64_t m = x.size(0), n = w.size(1);
   if (!out.defined()) {
     out = torch::empty({m, n}, x.options());
   } else if (!CpuBf16(out) || out.dim() != 2 || out.size(0) != m || out.size(1) != n ||
@@ -1620,9 +1643,8 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
     for (int64_t r = 1; r < m; ++r) std::memcpy(c + r * n, c, n * sizeof(float));
     beta = 1;
   }
-  CallMklBf16Gemm(gemm, reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), m, k,
-                  x.stride(0), reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>()),
-                  *MklWeightLayout(w), n, beta, c, n);
+  CallMklBf16Gemm(gemm, reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), m,
+                  x.stride(0), *wt, beta, c, n);
   c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
   for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
   return out;
@@ -1681,28 +1703,6 @@ int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int6
 }
 
 namespace {
-
-// A [K, N] weight operand as the CBLAS call addresses it.
-struct MklWeight {
-  const uint16_t* data;
-  int64_t k, n;
-  WeightLayout layout;
-};
-
-// Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
-// a Linear's [N, K] weight read as its transpose; nullopt where it is not bf16 of such a form.
-std::optional<MklWeight> MklOperand(const torch::Tensor& w, int64_t expert, bool linear = false) {
-  const int64_t d = w.dim();
-  if (!CpuBf16(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
-    return std::nullopt;
-  }
-  const int64_t rk = linear ? d - 1 : d - 2, rn = linear ? d - 2 : d - 1;
-  const int64_t k = w.size(rk), n = w.size(rn);
-  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(rk), w.stride(rn));
-  if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
-  const auto* base = reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>());
-  return MklWeight{base + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
-}
 
 // The operands RECORD_FUNCTION reports for one product of SmallGatedInto (built only while
 // something records): views of the rows and of the weight, as MklBf16Matmul's.
@@ -1765,7 +1765,7 @@ bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, 
   int64_t column = 0;
   for (const MklWeight& w : firsts) {
     RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, count, lda, w));
-    CallMklBf16Gemm(gemm, a, count, dim, lda, w.data, w.layout, w.n, 0.0f, c + column, width);
+    CallMklBf16Gemm(gemm, a, count, lda, w, 0.0f, c + column, width);
     column += w.n;
   }
   // silu(gate) · up in float32 straight from the sums, rounded once: the down product's operand.
@@ -1777,17 +1777,16 @@ bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, 
   }
   {
     RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(hidden.data(), count, inner, down));
-    CallMklBf16Gemm(gemm, hidden.data(), count, inner, inner, down.data, down.layout, dim, 0.0f, c,
-                    dim);
+    CallMklBf16Gemm(gemm, hidden.data(), count, inner, down, 0.0f, c, dim);
   }
-  for (int64_t r = 0; r < count; ++r) {
-    if (out.scalar_type() == torch::kFloat32) {
-      std::memcpy(out.mutable_data_ptr<float>() + (out_first + r) * out.stride(0), c + r * dim,
-                  dim * sizeof(float));
-    } else {
-      Store(c + r * dim, out.mutable_data_ptr<c10::BFloat16>() + (out_first + r) * out.stride(0),
-            dim);
-    }
+  const auto store = [&](auto* o) {
+    for (int64_t r = 0; r < count; ++r)
+      Store(c + r * dim, o + (out_first + r) * out.stride(0), dim);
+  };
+  if (out.scalar_type() == torch::kFloat32) {
+    store(out.mutable_data_ptr<float>());
+  } else {
+    store(out.mutable_data_ptr<c10::BFloat16>());
   }
   return true;
 }
