@@ -1563,31 +1563,50 @@ std::optional<WeightLayout> MklWeightLayout(int64_t k, int64_t n, int64_t row_st
   return std::nullopt;
 }
 
-// A CPU tensor of plain strided storage in bf16: what the CBLAS call reads or writes.
-bool CpuBf16(const torch::Tensor& t) {
-  return t.is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kBFloat16;
+// The elements a BLAS call of ours reads: uint16_t for bf16 (MKL's bf16 GEMM), or float
+// (LibTorch's float GEMM, MKL's sgemm in its x86 wheel).
+template <typename T>
+constexpr torch::ScalarType kBlasDtype =
+    std::is_same_v<T, float> ? torch::kFloat32 : torch::kBFloat16;
+
+// A CPU tensor of plain strided storage in T's dtype: what the BLAS call reads or writes.
+template <typename T>
+bool CpuBlasOperand(const torch::Tensor& t) {
+  return t.is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == kBlasDtype<T>;
 }
 
-// A [K, N] weight operand as the CBLAS call addresses it.
-struct MklWeight {
-  const uint16_t* data;
+template <typename T>
+const T* BlasData(const torch::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.const_data_ptr<float>();
+  } else {
+    return reinterpret_cast<const uint16_t*>(t.const_data_ptr<c10::BFloat16>());
+  }
+}
+
+// A [K, N] weight operand as the BLAS call addresses it.
+template <typename T>
+struct BlasWeight {
+  const T* data;
   int64_t k, n;
   WeightLayout layout;
 };
+using MklWeight = BlasWeight<uint16_t>;
 
 // Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
-// a Linear's [N, K] weight read as its transpose; nullopt where it is not bf16 of such a form.
-std::optional<MklWeight> MklOperand(const torch::Tensor& w, int64_t expert, bool linear = false) {
+// a Linear's [N, K] weight read as its transpose; nullopt where it is not T's of such a form.
+template <typename T = uint16_t>
+std::optional<BlasWeight<T>> BlasOperand(const torch::Tensor& w, int64_t expert,
+                                         bool linear = false) {
   const int64_t d = w.dim();
-  if (!CpuBf16(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
+  if (!CpuBlasOperand<T>(w) || d != (expert < 0 ? 2 : 3) || (expert >= 0 && expert >= w.size(0))) {
     return std::nullopt;
   }
   const int64_t rk = linear ? d - 1 : d - 2, rn = linear ? d - 2 : d - 1;
   const int64_t k = w.size(rk), n = w.size(rn);
   const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(rk), w.stride(rn));
   if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
-  const auto* base = reinterpret_cast<const uint16_t*>(w.const_data_ptr<c10::BFloat16>());
-  return MklWeight{base + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
+  return BlasWeight<T>{BlasData<T>(w) + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
 }
 
 // c [m, w.n] (float32, rows of ldc) = a [m, w.k] (bf16, rows of lda) · w + beta · c: the CBLAS
@@ -1604,11 +1623,12 @@ void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t lda
 // nullopt where it cannot.
 std::optional<MklWeight> MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w,
                                          const torch::Tensor& b) {
-  if (!CpuBf16(x) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0)) return std::nullopt;
-  const std::optional<MklWeight> wt = MklOperand(w, -1);
+  if (!CpuBlasOperand<uint16_t>(x) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0))
+    return std::nullopt;
+  const std::optional<MklWeight> wt = BlasOperand(w, -1);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
-  const bool b_ok =
-      !b.defined() || (CpuBf16(b) && b.dim() == 1 && b.size(0) == n && b.stride(0) == 1);
+  const bool b_ok = !b.defined() || (CpuBlasOperand<uint16_t>(b) && b.dim() == 1 &&
+                                     b.size(0) == n && b.stride(0) == 1);
   if (!wt.has_value() || !b_ok || m < 1 || n < 1 || k < 1 || x.stride(1) != 1 || x.stride(0) < k ||
       std::max(m, x.stride(0)) > INT_MAX) {
     return std::nullopt;
@@ -1626,8 +1646,8 @@ torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, cons
   const int64_t m = x.size(0), n = w.size(1);
   if (!out.defined()) {
     out = torch::empty({m, n}, x.options());
-  } else if (!CpuBf16(out) || out.dim() != 2 || out.size(0) != m || out.size(1) != n ||
-             out.stride(1) != 1 || (m > 1 && out.stride(0) < n)) {
+  } else if (!CpuBlasOperand<uint16_t>(out) || out.dim() != 2 || out.size(0) != m ||
+             out.size(1) != n || out.stride(1) != 1 || (m > 1 && out.stride(0) < n)) {
     return {};
   }
   RECORD_FUNCTION("praxis::mkl_bf16_gemm", b.defined() ? std::vector<c10::IValue>({b, x, w})
@@ -1704,84 +1724,145 @@ int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int6
 
 namespace {
 
-// The operands RECORD_FUNCTION reports for one product of SmallGatedInto (built only while
-// something records): views of the rows and of the weight, as MklBf16Matmul's.
-std::vector<c10::IValue> RecordedProduct(const uint16_t* a, int64_t m, int64_t lda,
-                                         const MklWeight& w) {
-  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+// The operands RECORD_FUNCTION reports for one product of GatedInto (built only while something
+// records): views of the rows and of the weight, as MklBf16Matmul's.
+template <typename T>
+std::vector<c10::IValue> RecordedProduct(const T* a, int64_t m, int64_t lda,
+                                         const BlasWeight<T>& w) {
+  const auto options = torch::TensorOptions().dtype(kBlasDtype<T>);
   const int64_t ld = w.layout.ld;
-  return {
-      torch::from_blob(const_cast<uint16_t*>(a), {m, w.k}, {lda, 1}, bf16),
-      torch::from_blob(
-          const_cast<uint16_t*>(w.data), {w.k, w.n},
-          w.layout.transposed ? std::vector<int64_t>{1, ld} : std::vector<int64_t>{ld, 1}, bf16)};
+  return {torch::from_blob(const_cast<T*>(a), {m, w.k}, {lda, 1}, options),
+          torch::from_blob(
+              const_cast<T*>(w.data), {w.k, w.n},
+              w.layout.transposed ? std::vector<int64_t>{1, ld} : std::vector<int64_t>{ld, 1},
+              options)};
 }
 
-// silu(x·gate) · (x·up) · down for `count` bf16 rows of x (rows[i], or from `first`), into out's
-// rows from out_first; gate and up are `firsts` (one fused gate_up, or the two), down [inner,
-// dim]. The checks are SmallBf16ExpertInto's (docs there).
-bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
-                    std::initializer_list<MklWeight> firsts, const MklWeight& down,
-                    torch::Tensor& out, int64_t out_first) {
-  const MklBf16Gemm gemm = FindMklBf16Gemm();
-  if (gemm == nullptr || !CpuBf16(x) || x.dim() != 2 || x.stride(1) != 1 || !out.is_cpu() ||
-      out.dim() != 2 || out.stride(1) != 1 ||
-      (out.scalar_type() != torch::kFloat32 && out.scalar_type() != torch::kBFloat16)) {
+// BLAS's float GEMM (Fortran, column-major), which LibTorch's x86 wheel carries in libtorch_cpu
+// (MKL's) and exports, under LibTorch's own float matmul. Looked up at run time: where it is
+// absent, float32 pieces stay on LibTorch's ops.
+using BlasSgemm = void (*)(const char* trans_a, const char* trans_b, const int* m, const int* n,
+                           const int* k, const float* alpha, const float* a, const int* lda,
+                           const float* b, const int* ldb, const float* beta, float* c,
+                           const int* ldc);
+
+BlasSgemm FindBlasSgemm() {
+  static const auto gemm = reinterpret_cast<BlasSgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return gemm;
+}
+
+// The GEMM a piece of T's runs on, found: MKL's bf16 one, or BLAS's float one.
+template <typename T>
+bool HasPieceGemm() {
+  if constexpr (std::is_same_v<T, float>) {
+    return FindBlasSgemm() != nullptr;
+  } else {
+    return FindMklBf16Gemm() != nullptr && SmallBf16GemmOnMkl();
+  }
+}
+
+// c [m, w.n] (float32, rows of ldc) = a [m, w.k] (rows of lda) · w on one thread, recorded as the
+// op GemmRecord replays: MKL's bf16 GEMM, or BLAS's float one (column-major: cᵀ = wᵀ·aᵀ). Sizes
+// known to fit an int.
+void GatedProduct(const uint16_t* a, int64_t m, int64_t lda, const MklWeight& w, float* c,
+                  int64_t ldc) {
+  RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, m, lda, w));
+  CallMklBf16Gemm(FindMklBf16Gemm(), a, m, lda, w, 0.0f, c, ldc);
+}
+void GatedProduct(const float* a, int64_t m, int64_t lda, const BlasWeight<float>& w, float* c,
+                  int64_t ldc) {
+  RECORD_FUNCTION("praxis::sgemm", RecordedProduct(a, m, lda, w));
+  const int n = static_cast<int>(w.n), rows = static_cast<int>(m), k = static_cast<int>(w.k);
+  const int ldw = static_cast<int>(w.layout.ld), ldx = static_cast<int>(lda);
+  const int ldy = static_cast<int>(ldc);
+  const float one = 1.0f, zero = 0.0f;
+  FindBlasSgemm()(w.layout.transposed ? "T" : "N", "N", &n, &rows, &k, &one, w.data, &ldw, a, &ldx,
+                  &zero, c, &ldy);
+}
+
+// silu(x·gate) · (x·up) · down for `count` rows of x (rows[i], or from `first`), into out's rows
+// from out_first; gate and up are `firsts` (one fused gate_up, or the two), down [inner, dim]; T
+// is x's and the weights' element (bf16 bits or float). The checks are ExpertPieceInto's (docs
+// there).
+template <typename T>
+bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+               std::initializer_list<BlasWeight<T>> firsts, const BlasWeight<T>& down,
+               torch::Tensor& out, int64_t out_first) {
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  if (!HasPieceGemm<T>() || !CpuBlasOperand<T>(x) || x.dim() != 2 || x.stride(1) != 1 ||
+      !out.is_cpu() || out.dim() != 2 || out.stride(1) != 1 ||
+      (out.scalar_type() != torch::kFloat32 && out.scalar_type() != kBlasDtype<T>)) {
     return false;
   }
   const int64_t dim = x.size(1), inner = down.k;
   int64_t width = 0;
-  for (const MklWeight& w : firsts) {
+  for (const BlasWeight<T>& w : firsts) {
     if (w.k != dim) return false;
     width += w.n;
   }
   // MKL refuses a leading dimension under a row's length (and then writes nothing): a run of
   // rows must be laid out as rows; one row is read as such whatever its stride.
   if (count < 1 || dim < 1 || inner < 1 || width != 2 * inner || down.n != dim ||
-      out.size(1) != dim || (rows == nullptr && count > 1 && x.stride(0) < dim) ||
-      count * width > kSmallBf16GemmOutputs || out_first < 0 || out_first + count > out.size(0) ||
-      (rows == nullptr && (first < 0 || first + count > x.size(0))) || x.stride(0) > INT_MAX ||
-      !SmallBf16GemmOnMkl()) {
+      out.size(1) != dim || (rows == nullptr && count > 1 && x.stride(0) < dim) || out_first < 0 ||
+      out_first + count > out.size(0) ||
+      (rows == nullptr && (first < 0 || first + count > x.size(0))) ||
+      std::max({x.stride(0), out.stride(0), count}) > INT_MAX ||
+      (kBf16 && count * width > kSmallBf16GemmOutputs)) {
     return false;
   }
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>());
+  const T* xp = BlasData<T>(x);
   // Each thread's buffers, sized for the largest piece it has run: no allocation per piece.
-  thread_local std::vector<uint16_t> gathered, hidden;
+  thread_local std::vector<T> gathered, hidden;
   thread_local std::vector<float> products;
-  const uint16_t* a = xp + first * x.stride(0);
+  const T* a = xp + first * x.stride(0);
   int64_t lda = count == 1 ? dim : x.stride(0);
   if (rows != nullptr) {  // the piece's token rows, gathered
     gathered.resize(static_cast<size_t>(count * dim));
     for (int64_t r = 0; r < count; ++r) {
-      TORCH_CHECK(rows[r] >= 0 && rows[r] < x.size(0), "cpu::SmallBf16ExpertInto: row ", rows[r],
+      TORCH_CHECK(rows[r] >= 0 && rows[r] < x.size(0), "cpu::ExpertPieceInto: row ", rows[r],
                   " out of range");
-      std::memcpy(gathered.data() + r * dim, xp + rows[r] * x.stride(0), dim * sizeof(uint16_t));
+      std::memcpy(gathered.data() + r * dim, xp + rows[r] * x.stride(0), dim * sizeof(T));
     }
     a = gathered.data();
     lda = dim;
   }
-  products.resize(static_cast<size_t>(count * std::max(width, dim)));
+  products.resize(static_cast<size_t>(count * (width + dim)));
   float* c = products.data();
   int64_t column = 0;
-  for (const MklWeight& w : firsts) {
-    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, count, lda, w));
-    CallMklBf16Gemm(gemm, a, count, lda, w, 0.0f, c + column, width);
+  for (const BlasWeight<T>& w : firsts) {
+    GatedProduct(a, count, lda, w, c + column, width);
     column += w.n;
   }
-  // silu(gate) · up in float32 straight from the sums, rounded once: the down product's operand.
-  hidden.resize(static_cast<size_t>(count * inner));
+  // silu(gate) · up in float32 straight from the sums: in place as the float down product's
+  // operand, or rounded once as the bf16 one's.
   for (int64_t r = 0; r < count; ++r) {
     float* g = c + r * width;
     SiluMulRowBest(g, g + inner, g, inner);
-    Store(g, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
   }
-  {
-    RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(hidden.data(), count, inner, down));
-    CallMklBf16Gemm(gemm, hidden.data(), count, inner, down, 0.0f, c, dim);
+  const T* h = nullptr;
+  int64_t ldh = width;
+  if constexpr (kBf16) {
+    hidden.resize(static_cast<size_t>(count * inner));
+    for (int64_t r = 0; r < count; ++r) {
+      Store(c + r * width, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
+    }
+    h = hidden.data();
+    ldh = inner;
+  } else {
+    h = c;
   }
+  // A float32 out of rows takes the down product straight; else it lands past the products and
+  // is stored (rounded where out is bf16).
+  if (out.scalar_type() == torch::kFloat32 && !kBf16 && (count == 1 || out.stride(0) >= dim)) {
+    GatedProduct(h, count, ldh, down, out.mutable_data_ptr<float>() + out_first * out.stride(0),
+                 count == 1 ? dim : out.stride(0));
+    return true;
+  }
+  float* y = c + count * width;
+  GatedProduct(h, count, ldh, down, y, dim);
   const auto store = [&](auto* o) {
     for (int64_t r = 0; r < count; ++r)
-      Store(c + r * dim, o + (out_first + r) * out.stride(0), dim);
+      Store(y + r * dim, o + (out_first + r) * out.stride(0), dim);
   };
   if (out.scalar_type() == torch::kFloat32) {
     store(out.mutable_data_ptr<float>());
@@ -1791,25 +1872,48 @@ bool SmallGatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, 
   return true;
 }
 
-}  // namespace
-
-bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
-                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
-                         torch::Tensor& out, int64_t out_first) {
-  const std::optional<MklWeight> gu = MklOperand(gate_up, expert);
-  const std::optional<MklWeight> dn = MklOperand(down, expert);
-  if (!gu.has_value() || !dn.has_value()) return false;
-  return SmallGatedInto(x, rows, first, count, {*gu}, *dn, out, out_first);
+// GatedInto for T's weights in the forms BlasOperand reads (gate and up fused as `firsts[0]`, or
+// the two), false where a weight is of another form or dtype.
+template <typename T>
+bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                 std::initializer_list<torch::Tensor> firsts, const torch::Tensor& down,
+                 int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
+  std::vector<BlasWeight<T>> w;
+  for (const torch::Tensor& t : firsts) {
+    const std::optional<BlasWeight<T>> operand = BlasOperand<T>(t, expert, linear);
+    if (!operand.has_value()) return false;
+    w.push_back(*operand);
+  }
+  const std::optional<BlasWeight<T>> dn = BlasOperand<T>(down, expert, linear);
+  if (!dn.has_value()) return false;
+  if (w.size() == 2 && w[0].n != w[1].n) return false;
+  return w.size() == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first)
+                       : GatedInto<T>(x, rows, first, count, {w[0], w[1]}, *dn, out, out_first);
 }
 
-bool SmallBf16SwiGluInto(const torch::Tensor& x, int64_t first, int64_t count,
-                         const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& down,
-                         torch::Tensor& out) {
-  const std::optional<MklWeight> gate = MklOperand(a, -1, /*linear=*/true);
-  const std::optional<MklWeight> up = MklOperand(b, -1, /*linear=*/true);
-  const std::optional<MklWeight> dn = MklOperand(down, -1, /*linear=*/true);
-  if (!gate.has_value() || !up.has_value() || !dn.has_value() || gate->n != up->n) return false;
-  return SmallGatedInto(x, nullptr, first, count, {*gate, *up}, *dn, out, first);
+// GatedIntoOf in x's dtype.
+bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                  std::initializer_list<torch::Tensor> firsts, const torch::Tensor& down,
+                  int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
+  return x.scalar_type() == torch::kFloat32
+             ? GatedIntoOf<float>(x, rows, first, count, firsts, down, expert, linear, out,
+                                  out_first)
+             : GatedIntoOf<uint16_t>(x, rows, first, count, firsts, down, expert, linear, out,
+                                     out_first);
+}
+
+}  // namespace
+
+bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                     const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
+                     torch::Tensor& out, int64_t out_first) {
+  return GatedIntoOfX(x, rows, first, count, {gate_up}, down, expert, /*linear=*/false, out,
+                      out_first);
+}
+
+bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,
+                     const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out) {
+  return GatedIntoOfX(x, nullptr, first, count, {a, b}, down, -1, /*linear=*/true, out, first);
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }

@@ -201,31 +201,32 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                               const torch::Tensor& b = {}, torch::Tensor out = {});
 
 // The most rows of bf16 tokens `x` a piece of a SwiGLU with bf16 weights `w` (its gate and up
-// product `width` = 2·inner wide) may have for SmallBf16ExpertInto / SmallBf16SwiGluInto to take
+// product `width` = 2·inner wide) may have for ExpertPieceInto / SwiGluPieceInto to take
 // it (that product within kSmallBf16GemmOutputs); 0 where they take none (not a CPU bf16 model,
 // or not SmallBf16GemmOnMkl). Thread-safe.
 int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width);
 
-// One SwiGLU expert over a few bf16 token rows on MKL's bf16 GEMM, without a LibTorch op: a piece
-// of the CPU's MoE at a robot's small layout made ~25 of them (~15 us) around its two products.
-// The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
+// One SwiGLU expert over a piece of token rows on MKL's GEMM, without a LibTorch op: a piece of
+// the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products. The
+// rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
 // [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
 // `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
-// takes; silu(gate) · up is computed in float32 from the first product's sums and rounded to bf16
-// once, as the second's operand (LibTorch's path rounds each product and the gate). Writes out's
-// rows [out_first, out_first + count) (float32 or bf16 [M, dim], unit-stride rows) and returns
-// true; returns false, writing nothing, where it does not take the piece (count over
-// SmallBf16ExpertRows, other forms). Runs on the calling thread; thread-safe.
-bool SmallBf16ExpertInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
-                         const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
-                         torch::Tensor& out, int64_t out_first);
+// takes, of x's dtype. bf16 (within SmallBf16ExpertRows, on MKL's bf16 GEMM): silu(gate) · up is
+// computed in float32 from the first product's sums and rounded to bf16 once, as the second's
+// operand (LibTorch's path rounds each product and the gate). float32 (any count; LibTorch's
+// float GEMM, MKL's sgemm): the hidden rows stay in the products' buffer. Both products recorded
+// as "praxis::mkl_bf16_gemm" or "praxis::sgemm" (inputs x, w). Writes out's rows [out_first,
+// out_first + count) (float32, or bf16 for bf16 x; [M, dim], unit-stride rows) and returns true;
+// returns false, writing nothing, where it does not take the piece (a bf16 count over
+// SmallBf16ExpertRows, other forms or dtypes). Runs on the calling thread; thread-safe.
+bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
+                     const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
+                     torch::Tensor& out, int64_t out_first);
 
-// SmallBf16ExpertInto for a dense SwiGLU layer's rows [first, first + count) of x: Linear
-// weights a (gate) and b (up) [inner, dim] and down [dim, inner], out's same rows written.
-// Thread-safe.
-bool SmallBf16SwiGluInto(const torch::Tensor& x, int64_t first, int64_t count,
-                         const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& down,
-                         torch::Tensor& out);
+// ExpertPieceInto for a dense SwiGLU layer's rows [first, first + count) of x: Linear weights a
+// (gate) and b (up) [inner, dim] and down [dim, inner], out's same rows written. Thread-safe.
+bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,
+                     const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out);
 
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the

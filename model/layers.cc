@@ -19,13 +19,23 @@ namespace praxis::model {
 
 namespace {
 
-// A SwiGLU (an expert, or a dense layer) over at most this many pieces of SmallBf16ExpertRows rows
-// is cut into such pieces for SmallBf16ExpertInto / SmallBf16SwiGluInto. A larger expert (a
+// A bf16 SwiGLU (an expert, or a dense layer) over at most this many pieces of SmallBf16ExpertRows
+// rows is cut into such pieces for cpu::ExpertPieceInto / SwiGluPieceInto. A larger expert (a
 // batch's) is cut into pieces of kMoePieceRows, which take MKL's path only where such a piece's
 // product still fits (narrow experts), else LibTorch's GEMM (oneDNN's: faster than MKL's per row
 // on products past ~32 K outputs, docs/benchmarks.md, stop 35); a larger dense layer runs on
-// LibTorch's.
+// LibTorch's. A float32 one takes the pointer path in pieces of kMoePieceRows whatever its size.
 constexpr int64_t kSmallExpertPieces = 4;
+
+// Rows of one piece of expert work on the CPU: one thread's float32 GEMM of the bench config's
+// expert shapes ([n, 128]·[128, 512]) over ~300 rows runs at 92 % of its rate over 1200 (measured,
+// torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
+constexpr int64_t kMoePieceRows = 256;
+
+// Whether a SwiGLU's GEMMs run on float32 values and weights (the pointer path's float form).
+bool Float32Gated(const torch::Tensor& x, const torch::Tensor& w) {
+  return x.is_cpu() && x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32;
+}
 
 // Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).
 bool GemmInFloat32(const torch::Tensor& x, const torch::Tensor& w) {
@@ -151,19 +161,22 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
-  // A bf16 layer over a robot's few hundred tokens runs as the small experts do: in pieces on
-  // MKL's GEMM, without LibTorch's ops (a, b [inner, dim]: its gate and up product is 2·inner
-  // wide).
-  const int64_t small = GemmInFloat32(xd, a) ? 0 : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
-  if (small > 0 && xd.numel() <= kSmallExpertPieces * small * xd.size(-1)) {
+  // A layer runs as the experts do: in pieces on MKL's GEMM, without LibTorch's ops (a, b
+  // [inner, dim]: its gate and up product is 2·inner wide); in bf16 only over a robot's few
+  // hundred tokens.
+  const bool float32 = Float32Gated(xd, a);
+  const int64_t piece = float32                ? kMoePieceRows
+                        : GemmInFloat32(xd, a) ? 0
+                                               : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
+  if (piece > 0 && (float32 || xd.numel() <= kSmallExpertPieces * piece * xd.size(-1))) {
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
     torch::Tensor out = torch::empty(rows.sizes(), rows.options());
-    const int64_t pieces = (rows.size(0) + small - 1) / small;
+    const int64_t pieces = (rows.size(0) + piece - 1) / piece;
     std::vector<char> done(pieces, 0);
     cpu::RunTasks(pieces, [&](int64_t i) {
-      const int64_t first = i * small;
-      done[i] = cpu::SmallBf16SwiGluInto(rows, first, std::min(small, rows.size(0) - first), a, b,
-                                         down, out);
+      const int64_t first = i * piece;
+      done[i] =
+          cpu::SwiGluPieceInto(rows, first, std::min(piece, rows.size(0) - first), a, b, down, out);
     });
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) {
       return out.view(xd.sizes());
@@ -241,11 +254,6 @@ void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Te
   }
 }
 
-// Rows of one piece of expert work on the CPU: one thread's float32 GEMM of the bench config's
-// expert shapes ([n, 128]·[128, 512]) over ~300 rows runs at 92 % of its rate over 1200 (measured,
-// torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
-constexpr int64_t kMoePieceRows = 256;
-
 // The CPU's MoE after routing, as float32 [N, dim]: the shared expert over every token and each
 // routed expert over its slice of the expert-sorted pairs (r), cut into pieces of at most
 // kMoePieceRows rows that the intra-op threads take, largest first, one piece per thread at a
@@ -266,8 +274,9 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   // round trip a pass of its own).
   const torch::Tensor x = GemmInFloat32(xs, w.shared_gate_up) ? xs.to(torch::kFloat32) : xs;
   std::vector<Piece> pieces;
-  // A bf16 expert of few rows runs on MKL's GEMM without LibTorch's ops (SmallBf16ExpertInto),
-  // in pieces as large as it takes; the others in pieces of kMoePieceRows.
+  // An expert runs on MKL's GEMM without LibTorch's ops (cpu::ExpertPieceInto): a bf16 one of few
+  // rows in pieces as large as it takes, the others (and float32 ones) in pieces of
+  // kMoePieceRows.
   const int64_t shared_small =
       cpu::SmallBf16ExpertRows(x, w.shared_gate_up, w.shared_gate_up.size(-1));
   const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up, w.gate_up.size(-1));
@@ -291,15 +300,15 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   cpu::RunTasks(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[i];
     if (p.expert < 0) {
-      if (cpu::SmallBf16ExpertInto(x, nullptr, p.begin, p.rows, w.shared_gate_up, w.shared_down, -1,
-                                   out, p.begin)) {
+      if (cpu::ExpertPieceInto(x, nullptr, p.begin, p.rows, w.shared_gate_up, w.shared_down, -1,
+                               out, p.begin)) {
         return;
       }
       FusedExpertInto(x.narrow(0, p.begin, p.rows), w.shared_gate_up, w.shared_down,
                       out.narrow(0, p.begin, p.rows));
     } else {
-      if (cpu::SmallBf16ExpertInto(x, tokens + p.begin, 0, p.rows, w.gate_up, w.down, p.expert,
-                                   routed, p.begin)) {
+      if (cpu::ExpertPieceInto(x, tokens + p.begin, 0, p.rows, w.gate_up, w.down, p.expert, routed,
+                               p.begin)) {
         return;
       }
       FusedExpertInto(x.index_select(0, r.tokens.narrow(0, p.begin, p.rows)), w.gate_up[p.expert],

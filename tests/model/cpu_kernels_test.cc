@@ -775,7 +775,7 @@ TEST(MklBf16MatmulTest, SmallProductsTakeItWhereMeasuredFaster) {
 }
 
 // silu(x·gate)·(x·up)·down in float32 from bf16 values, the hidden rows rounded to bf16 once:
-// what SmallBf16ExpertInto and SmallBf16SwiGluInto compute (gate and up [dim, inner]).
+// what ExpertPieceInto and SwiGluPieceInto compute (gate and up [dim, inner]).
 torch::Tensor GatedOracle(const torch::Tensor& x, const torch::Tensor& gate,
                           const torch::Tensor& up, const torch::Tensor& down) {
   const torch::Tensor xf = x.to(torch::kFloat32);
@@ -795,7 +795,7 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
   const torch::Tensor down = (torch::randn({experts, inner, dim}) / 4).to(torch::kBFloat16);
   const std::vector<int64_t> rows = {3, 7, 7, 0, 19};
   torch::Tensor out = torch::zeros({10, dim});
-  const bool taken = cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2);
+  const bool taken = cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2);
   if (!cpu::SmallBf16GemmOnMkl()) {
     EXPECT_FALSE(taken);
     EXPECT_EQ(cpu::SmallBf16ExpertRows(x, gate_up, 2 * inner), 0);
@@ -812,7 +812,7 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
 
   // The shared expert's form (2-D weights, a run of rows) into bf16 rows.
   torch::Tensor out16 = torch::zeros({20, dim}, bf16);
-  ASSERT_TRUE(cpu::SmallBf16ExpertInto(x, nullptr, 4, 3, gate_up[0], down[0], -1, out16, 4));
+  ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 4, 3, gate_up[0], down[0], -1, out16, 4));
   const auto gu0 = gate_up[0].chunk(2, -1);
   const torch::Tensor want0 = GatedOracle(x.narrow(0, 4, 3), gu0[0], gu0[1], down[0]);
   EXPECT_LE(MaxAbsDiff(out16.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
@@ -821,7 +821,7 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
   const torch::Tensor a = gu0[0].t().contiguous(), b = gu0[1].t().contiguous();
   const torch::Tensor down_linear = down[0].t().contiguous();
   torch::Tensor dense = torch::zeros({20, dim}, bf16);
-  ASSERT_TRUE(cpu::SmallBf16SwiGluInto(x, 4, 3, a, b, down_linear, dense));
+  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 4, 3, a, b, down_linear, dense));
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
 
@@ -830,29 +830,83 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
   const torch::Tensor one = x.narrow(0, 4, 1).as_strided({1, dim}, {1, 1});
   ASSERT_EQ(one.stride(0), 1);
   torch::Tensor out1 = torch::zeros({1, dim}, bf16);
-  ASSERT_TRUE(cpu::SmallBf16ExpertInto(one, nullptr, 0, 1, gate_up[0], down[0], -1, out1, 0));
+  ASSERT_TRUE(cpu::ExpertPieceInto(one, nullptr, 0, 1, gate_up[0], down[0], -1, out1, 0));
   EXPECT_LE(MaxAbsDiff(out1, want0.narrow(0, 0, 1)), 2e-2 * want0.abs().max().item<double>());
   torch::Tensor out3 = torch::zeros({3, dim}, bf16);
-  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x.narrow(0, 4, 1).expand({3, dim}), nullptr, 0, 3,
-                                        gate_up[0], down[0], -1, out3, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(x.narrow(0, 4, 1).expand({3, dim}), nullptr, 0, 3, gate_up[0],
+                                    down[0], -1, out3, 0));
   EXPECT_EQ(out3.abs().max().item<float>(), 0.0f);
 
   // Refused, nothing written: a row out of range throws; other forms return false.
   const std::vector<int64_t> bad = {20};
-  EXPECT_THROW(cpu::SmallBf16ExpertInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
+  EXPECT_THROW(cpu::ExpertPieceInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
   const torch::Tensor before = out.clone();
   const int64_t over = cpu::kSmallBf16GemmOutputs / (2 * inner) + 1;
   const torch::Tensor many = torch::randn({over, dim}, bf16);
   torch::Tensor big = torch::zeros({over, dim});
-  EXPECT_FALSE(cpu::SmallBf16ExpertInto(many, nullptr, 0, over, gate_up, down, 0, big, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(many, nullptr, 0, over, gate_up, down, 0, big, 0));
   EXPECT_FALSE(
-      cpu::SmallBf16ExpertInto(x.to(torch::kFloat32), rows.data(), 0, 5, gate_up, down, 1, out, 0));
-  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, experts, out, 0));
-  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 6));
+      cpu::ExpertPieceInto(x.to(torch::kFloat32), rows.data(), 0, 5, gate_up, down, 1, out, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, experts, out, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 6));
   torch::Tensor narrow_out = torch::zeros({10, dim - 1});
-  EXPECT_FALSE(cpu::SmallBf16ExpertInto(x, rows.data(), 0, 5, gate_up, down, 1, narrow_out, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, narrow_out, 0));
   EXPECT_TRUE(torch::equal(out, before));
   EXPECT_EQ(big.abs().max().item<float>(), 0.0f);
+}
+
+// The float32 form: any number of rows, on BLAS's float GEMM, the hidden rows never rounded: the
+// float32 products within float32 rounding, straight into out's rows (of any row stride), and
+// nothing else written; 16-bit weights or outputs refused.
+TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
+  torch::manual_seed(16);
+  const int64_t dim = 24, inner = 40, experts = 2;
+  const torch::Tensor x = torch::randn({300, dim});
+  const torch::Tensor gate_up = torch::randn({experts, dim, 2 * inner}) / 4;
+  const torch::Tensor down = torch::randn({experts, inner, dim}) / 4;
+  auto oracle = [](const torch::Tensor& rows, const torch::Tensor& gate, const torch::Tensor& up,
+                   const torch::Tensor& dn) {
+    return (torch::silu(rows.matmul(gate)) * rows.matmul(up)).matmul(dn);
+  };
+  std::vector<int64_t> rows(280);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>((i * 7) % 300);
+  // Rows of a wider tensor: out's row stride is not dim.
+  torch::Tensor wide = torch::zeros({290, dim + 8});
+  torch::Tensor out = wide.narrow(1, 0, dim);
+  ASSERT_TRUE(cpu::ExpertPieceInto(x, rows.data(), 0, 280, gate_up, down, 1, out, 5));
+  const auto gu = gate_up[1].chunk(2, -1);
+  const torch::Tensor want =
+      oracle(x.index_select(0, torch::tensor(rows, torch::kInt64)), gu[0], gu[1], down[1]);
+  EXPECT_LE(MaxAbsDiff(out.narrow(0, 5, 280), want), 1e-5 * want.abs().max().item<double>());
+  EXPECT_EQ(out.narrow(0, 0, 5).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(out.narrow(0, 285, 5).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(wide.narrow(1, dim, 8).abs().max().item<float>(), 0.0f);
+
+  // A run of rows, and a dense SwiGLU's Linear weights, into contiguous rows.
+  const auto gu0 = gate_up[0].chunk(2, -1);
+  const torch::Tensor want0 = oracle(x.narrow(0, 10, 33), gu0[0], gu0[1], down[0]);
+  torch::Tensor run = torch::zeros({300, dim});
+  ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 10, 33, gate_up[0], down[0], -1, run, 10));
+  EXPECT_LE(MaxAbsDiff(run.narrow(0, 10, 33), want0), 1e-5 * want0.abs().max().item<double>());
+  torch::Tensor dense = torch::zeros({300, dim});
+  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 10, 33, gu0[0].t().contiguous(), gu0[1].t().contiguous(),
+                                   down[0].t().contiguous(), dense));
+  EXPECT_LE(MaxAbsDiff(dense.narrow(0, 10, 33), want0), 1e-5 * want0.abs().max().item<double>());
+  EXPECT_EQ(dense.narrow(0, 0, 10).abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(dense.narrow(0, 43, 257).abs().max().item<float>(), 0.0f);
+
+  // Refused, nothing written: bf16 weights under float32 rows, a bf16 out, an expert past the
+  // stack; a row out of range throws.
+  const torch::Tensor before = run.clone();
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, nullptr, 0, 4, gate_up.to(torch::kBFloat16),
+                                    down.to(torch::kBFloat16), 0, run, 0));
+  torch::Tensor out16 = torch::zeros({4, dim}, torch::kBFloat16);
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, nullptr, 0, 4, gate_up, down, 0, out16, 0));
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, nullptr, 0, 4, gate_up, down, experts, run, 0));
+  EXPECT_TRUE(torch::equal(run, before));
+  EXPECT_EQ(out16.abs().max().item<float>(), 0.0f);
+  const std::vector<int64_t> bad = {300};
+  EXPECT_THROW(cpu::ExpertPieceInto(x, bad.data(), 0, 1, gate_up, down, 0, run, 0), c10::Error);
 }
 
 #if defined(__x86_64__)
