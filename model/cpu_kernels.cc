@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 
 namespace praxis::model::cpu {
@@ -917,7 +919,22 @@ void RunTasks(int64_t count, const std::function<void(int64_t)>& task) {
   });
 }
 
-void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y) {
+namespace {
+
+// sum_row = residual_row + acc (d floats), through `scratch` (d floats), in T: AddRoutedRows'
+// residual add, its dtype picked once per call.
+template <typename T>
+void ResidualRow(const void* residual_row, const float* acc, void* sum_row, int64_t d,
+                 float* scratch) {
+  Load(static_cast<const T*>(residual_row), scratch, d);
+  AxpyRow(scratch, 1.0f, acc, d);
+  Store(scratch, static_cast<T*>(sum_row), d);
+}
+
+}  // namespace
+
+torch::Tensor AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y,
+                            const torch::Tensor& residual) {
   const int64_t pairs = r.tokens.numel();
   TORCH_CHECK(!out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.is_contiguous() &&
                   out.dim() == 2 && y.dim() == 2 && y.size(0) == pairs &&
@@ -926,14 +943,32 @@ void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tenso
                   static_cast<int64_t>(r.places.size()) == pairs && r.weights.numel() == pairs,
               "cpu::AddRoutedRows: expected float32 out [N, d], routes of N·top_k pairs and "
               "y [N·top_k, d]");
+  TORCH_CHECK(!residual.defined() ||
+                  (!residual.is_cuda() && residual.sizes() == out.sizes() &&
+                   residual.stride(1) == 1 && at::isFloatingType(residual.scalar_type())),
+              "cpu::AddRoutedRows: expected a float residual [N, d] with unit-stride rows");
   RECORD_FUNCTION("praxis::add_routed_rows", std::vector<c10::IValue>());
   const int64_t d = out.size(1), k = r.top_k, sy = y.stride(0);
   for (int64_t p : r.places) TORCH_CHECK(p >= 0 && p < pairs, "cpu::AddRoutedRows: bad routes");
+  torch::Tensor sum = out;
+  void (*residual_row)(const void*, const float*, void*, int64_t, float*) = nullptr;
+  const char* rp = nullptr;
+  char* sp = nullptr;
+  int64_t rstride = 0, sstride = 0;  // in bytes
+  if (residual.defined()) {
+    sum = torch::empty(out.sizes(), residual.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, residual.scalar_type(), "Residual",
+                                    [&] { residual_row = &ResidualRow<scalar_t>; });
+    rp = static_cast<const char*>(residual.const_data_ptr());
+    sp = static_cast<char*>(sum.mutable_data_ptr());
+    rstride = residual.stride(0) * residual.element_size();
+    sstride = d * sum.element_size();
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "AddRouted", [&] {
     const scalar_t* yp = y.const_data_ptr<scalar_t>();
     const float* wp = r.weights.const_data_ptr<float>();
     float* op = out.mutable_data_ptr<float>();
-    // Each thread owns its tokens' rows of out: no two write one row.
+    // Each thread owns its tokens' rows of out (and of the sum): no two write one row.
     at::parallel_for(0, out.size(0), RowGrain(d * k), [&](int64_t t0, int64_t t1) {
       std::vector<float> buf(d);
       for (int64_t t = t0; t < t1; ++t) {
@@ -941,9 +976,13 @@ void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tenso
           const int64_t p = r.places[t * k + j];
           AxpyRow(op + t * d, wp[p], AsFloats(yp + p * sy, buf.data(), d), d);
         }
+        if (residual_row != nullptr) {
+          residual_row(rp + t * rstride, op + t * d, sp + t * sstride, d, buf.data());
+        }
       }
     });
   });
+  return sum;
 }
 
 torch::Tensor RouterLogits(const torch::Tensor& x_in, const torch::Tensor& router_in) {
@@ -1540,9 +1579,20 @@ using MklBf16Gemm = void (*)(int layout, int trans_a, int trans_b, int m, int n,
                              float* c, int ldc);
 constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
 
+// A symbol of libtorch_cpu itself (which the process links), not of whichever library loaded first
+// exports the name: an ILP64 BLAS's sgemm_ would read our 32-bit ints as 64-bit ones. Null where
+// that library (by its name) or the symbol is absent.
+void* LibTorchCpuSymbol(const char* name) {
+  void* lib = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;
+  void* symbol = dlsym(lib, name);
+  dlclose(lib);  // the reference RTLD_NOLOAD took; the library stays loaded
+  return symbol;
+}
+
 MklBf16Gemm FindMklBf16Gemm() {
   static const auto gemm =
-      reinterpret_cast<MklBf16Gemm>(dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
+      reinterpret_cast<MklBf16Gemm>(LibTorchCpuSymbol("cblas_gemm_bf16bf16f32"));
   return gemm;
 }
 
@@ -1738,16 +1788,16 @@ std::vector<c10::IValue> RecordedProduct(const T* a, int64_t m, int64_t lda,
               options)};
 }
 
-// BLAS's float GEMM (Fortran, column-major), which LibTorch's x86 wheel carries in libtorch_cpu
-// (MKL's) and exports, under LibTorch's own float matmul. Looked up at run time: where it is
-// absent, float32 pieces stay on LibTorch's ops.
+// BLAS's float GEMM (Fortran, column-major, 32-bit ints), which LibTorch's x86 wheel carries in
+// libtorch_cpu (MKL's) and exports, under LibTorch's own float matmul. Looked up at run time: where
+// it is absent, float32 pieces stay on LibTorch's ops.
 using BlasSgemm = void (*)(const char* trans_a, const char* trans_b, const int* m, const int* n,
                            const int* k, const float* alpha, const float* a, const int* lda,
                            const float* b, const int* ldb, const float* beta, float* c,
                            const int* ldc);
 
 BlasSgemm FindBlasSgemm() {
-  static const auto gemm = reinterpret_cast<BlasSgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  static const auto gemm = reinterpret_cast<BlasSgemm>(LibTorchCpuSymbol("sgemm_"));
   return gemm;
 }
 
@@ -1780,6 +1830,14 @@ void GatedProduct(const float* a, int64_t m, int64_t lda, const BlasWeight<float
                   &zero, c, &ldy);
 }
 
+// Bytes of scratch a thread keeps between pieces (GatedInto's buffers).
+constexpr size_t kKeptPieceBytes = size_t{8} << 20;
+
+template <typename T>
+void ReleaseIfLarge(std::vector<T>& v) {
+  if (v.capacity() * sizeof(T) > kKeptPieceBytes) std::vector<T>().swap(v);
+}
+
 // silu(x·gate) · (x·up) · down for `count` rows of x (rows[i], or from `first`), into out's rows
 // from out_first; gate and up are `firsts` (one fused gate_up, or the two), down [inner, dim]; T
 // is x's and the weights' element (bf16 bits or float). The checks are ExpertPieceInto's (docs
@@ -1789,8 +1847,8 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
                std::initializer_list<BlasWeight<T>> firsts, const BlasWeight<T>& down,
                torch::Tensor& out, int64_t out_first) {
   constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
-  if (!HasPieceGemm<T>() || !CpuBlasOperand<T>(x) || x.dim() != 2 || x.stride(1) != 1 ||
-      !out.is_cpu() || out.dim() != 2 || out.stride(1) != 1 ||
+  if (!CpuBlasOperand<T>(x) || x.dim() != 2 || x.stride(1) != 1 || !out.is_cpu() ||
+      out.dim() != 2 || out.stride(1) != 1 ||
       (out.scalar_type() != torch::kFloat32 && out.scalar_type() != kBlasDtype<T>)) {
     return false;
   }
@@ -1800,14 +1858,14 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
     if (w.k != dim) return false;
     width += w.n;
   }
-  // MKL refuses a leading dimension under a row's length (and then writes nothing): a run of
+  // BLAS refuses a leading dimension under a row's length (and then writes nothing): a run of
   // rows must be laid out as rows; one row is read as such whatever its stride.
   if (count < 1 || dim < 1 || inner < 1 || width != 2 * inner || down.n != dim ||
       out.size(1) != dim || (rows == nullptr && count > 1 && x.stride(0) < dim) || out_first < 0 ||
       out_first + count > out.size(0) ||
       (rows == nullptr && (first < 0 || first + count > x.size(0))) ||
-      std::max({x.stride(0), out.stride(0), count}) > INT_MAX ||
-      (kBf16 && count * width > kSmallBf16GemmOutputs)) {
+      std::max({x.stride(0), out.stride(0), count, width}) > INT_MAX ||
+      (kBf16 && count * width > kSmallBf16GemmOutputs) || !HasPieceGemm<T>()) {
     return false;
   }
   const T* xp = BlasData<T>(x);
@@ -1826,7 +1884,18 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
     a = gathered.data();
     lda = dim;
   }
-  products.resize(static_cast<size_t>(count * (width + dim)));
+  // A float32 out of rows takes the down product straight; else it lands past the products and
+  // is stored (rounded where out is bf16).
+  const bool direct =
+      !kBf16 && out.scalar_type() == torch::kFloat32 && (count == 1 || out.stride(0) >= dim);
+  // A thread keeps buffers of up to kKeptPieceBytes for its next piece; a larger one (a wide
+  // model's float32 piece) is freed after its piece, so no thread holds one for its life.
+  const absl::Cleanup release = [] {
+    ReleaseIfLarge(gathered);
+    ReleaseIfLarge(hidden);
+    ReleaseIfLarge(products);
+  };
+  products.resize(static_cast<size_t>(count * (width + (direct ? 0 : dim))));
   float* c = products.data();
   int64_t column = 0;
   for (const BlasWeight<T>& w : firsts) {
@@ -1851,9 +1920,7 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
   } else {
     h = c;
   }
-  // A float32 out of rows takes the down product straight; else it lands past the products and
-  // is stored (rounded where out is bf16).
-  if (out.scalar_type() == torch::kFloat32 && !kBf16 && (count == 1 || out.stride(0) >= dim)) {
+  if (direct) {
     GatedProduct(h, count, ldh, down, out.mutable_data_ptr<float>() + out_first * out.stride(0),
                  count == 1 ? dim : out.stride(0));
     return true;
@@ -1878,17 +1945,19 @@ template <typename T>
 bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                  std::initializer_list<torch::Tensor> firsts, const torch::Tensor& down,
                  int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
-  std::vector<BlasWeight<T>> w;
+  TORCH_CHECK(firsts.size() == 1 || firsts.size() == 2, "cpu::GatedIntoOf: 1 or 2 weights");
+  std::array<BlasWeight<T>, 2> w{};
+  size_t n = 0;
   for (const torch::Tensor& t : firsts) {
     const std::optional<BlasWeight<T>> operand = BlasOperand<T>(t, expert, linear);
     if (!operand.has_value()) return false;
-    w.push_back(*operand);
+    w[n++] = *operand;
   }
   const std::optional<BlasWeight<T>> dn = BlasOperand<T>(down, expert, linear);
   if (!dn.has_value()) return false;
-  if (w.size() == 2 && w[0].n != w[1].n) return false;
-  return w.size() == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first)
-                       : GatedInto<T>(x, rows, first, count, {w[0], w[1]}, *dn, out, out_first);
+  if (n == 2 && w[0].n != w[1].n) return false;
+  return n == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first)
+                : GatedInto<T>(x, rows, first, count, {w[0], w[1]}, *dn, out, out_first);
 }
 
 // GatedIntoOf in x's dtype.
@@ -1903,6 +1972,8 @@ bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, in
 }
 
 }  // namespace
+
+bool Float32PiecesOnBlas() { return FindBlasSgemm() != nullptr; }
 
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,

@@ -75,8 +75,12 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits, const torch::Tensor& bias, i
 // out[t] += Σ weights[p] · y[p] over token t's pairs p in expert order (r.places), for every
 // token: the routed experts' outputs y [N·top_k, d] (rows in r's expert-sorted order, any float
 // dtype, unit-stride rows) combined into the MoE's float32 sum out (contiguous [N, d]), in the
-// order adding one expert after another gives, the tokens split across the threads.
-void AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y);
+// order adding one expert after another gives, the tokens split across the threads. Returns out;
+// with a `residual` ([N, d], any float dtype, unit-stride rows) returns residual + out instead, a
+// new contiguous tensor of residual's dtype made in the same pass (each row rounded once: the
+// block's residual add without a pass, and a rounding, of its own).
+torch::Tensor AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y,
+                            const torch::Tensor& residual = {});
 
 // One layout's attention as TileAttention walks it: for each query tile, the runs of keys it
 // attends (in groups of TileShape::key_group keys: a group none of the tile's rows attends is
@@ -206,19 +210,25 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
 // or not SmallBf16GemmOnMkl). Thread-safe.
 int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width);
 
-// One SwiGLU expert over a piece of token rows on MKL's GEMM, without a LibTorch op: a piece of
+// One SwiGLU expert over a piece of token rows on a BLAS GEMM, without a LibTorch op: a piece of
 // the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products. The
 // rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
 // [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
 // `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
 // takes, of x's dtype. bf16 (within SmallBf16ExpertRows, on MKL's bf16 GEMM): silu(gate) · up is
 // computed in float32 from the first product's sums and rounded to bf16 once, as the second's
-// operand (LibTorch's path rounds each product and the gate). float32 (any count; LibTorch's
-// float GEMM, MKL's sgemm): the hidden rows stay in the products' buffer. Both products recorded
+// operand (LibTorch's path rounds each product and the gate). float32 (any count, where
+// Float32PiecesOnBlas; libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul calls): the
+// hidden rows stay in the products' buffer. Both products recorded
 // as "praxis::mkl_bf16_gemm" or "praxis::sgemm" (inputs x, w). Writes out's rows [out_first,
 // out_first + count) (float32, or bf16 for bf16 x; [M, dim], unit-stride rows) and returns true;
 // returns false, writing nothing, where it does not take the piece (a bf16 count over
-// SmallBf16ExpertRows, other forms or dtypes). Runs on the calling thread; thread-safe.
+// SmallBf16ExpertRows, other forms or dtypes). Called inside a parallel region, runs on the
+// calling thread alone (MKL's nested threading is off there); thread-safe.
+// Whether ExpertPieceInto / SwiGluPieceInto take float32 pieces: libtorch_cpu exports BLAS's
+// float GEMM (sgemm_). Thread-safe.
+bool Float32PiecesOnBlas();
+
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
                      torch::Tensor& out, int64_t out_first);

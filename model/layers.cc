@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #if !defined(PRAXIS_TORCH_CPU_ONLY)
 #include <ATen/cuda/CUDAContext.h>
@@ -32,9 +33,11 @@ constexpr int64_t kSmallExpertPieces = 4;
 // torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
 constexpr int64_t kMoePieceRows = 256;
 
-// Whether a SwiGLU's GEMMs run on float32 values and weights (the pointer path's float form).
+// Whether a SwiGLU's GEMMs run on float32 values and weights on the pointer path (its float
+// form, where libtorch_cpu has BLAS's sgemm_).
 bool Float32Gated(const torch::Tensor& x, const torch::Tensor& w) {
-  return x.is_cpu() && x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32;
+  return x.is_cpu() && x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 &&
+         cpu::Float32PiecesOnBlas();
 }
 
 // Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).
@@ -161,13 +164,17 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
-  // A layer runs as the experts do: in pieces on MKL's GEMM, without LibTorch's ops (a, b
+  // A layer runs as the experts do: in pieces on a BLAS GEMM, without LibTorch's ops (a, b
   // [inner, dim]: its gate and up product is 2·inner wide); in bf16 only over a robot's few
-  // hundred tokens.
+  // hundred tokens. A float32 one in at least one piece per thread (each piece's GEMM runs on
+  // its thread alone), of at most kMoePieceRows rows.
   const bool float32 = Float32Gated(xd, a);
-  const int64_t piece = float32                ? kMoePieceRows
-                        : GemmInFloat32(xd, a) ? 0
-                                               : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
+  const int64_t tokens = xd.numel() / std::max<int64_t>(xd.size(-1), 1);
+  const int64_t threads = std::max<int64_t>(at::get_num_threads(), 1);
+  const int64_t piece =
+      float32 ? std::clamp<int64_t>((tokens + threads - 1) / threads, 1, kMoePieceRows)
+      : GemmInFloat32(xd, a) ? 0
+                             : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
   if (piece > 0 && (float32 || xd.numel() <= kSmallExpertPieces * piece * xd.size(-1))) {
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
     torch::Tensor out = torch::empty(rows.sizes(), rows.options());
@@ -263,7 +270,7 @@ void LoopExperts(const Routing& r, const MoeWeights& w, int64_t top_k, torch::Te
 // thread (the profiler: 0.9 ms of a bench small B8 step). The routed outputs are then added in
 // expert order, as LoopExperts does.
 torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes& r,
-                                const MoeWeights& w) {
+                                const MoeWeights& w, const torch::Tensor& residual) {
   struct Piece {
     int64_t expert;  // -1: the shared expert, over tokens; else over the pairs' slice
     int64_t begin, rows;
@@ -274,9 +281,10 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   // round trip a pass of its own).
   const torch::Tensor x = GemmInFloat32(xs, w.shared_gate_up) ? xs.to(torch::kFloat32) : xs;
   std::vector<Piece> pieces;
-  // An expert runs on MKL's GEMM without LibTorch's ops (cpu::ExpertPieceInto): a bf16 one of few
-  // rows in pieces as large as it takes, the others (and float32 ones) in pieces of
-  // kMoePieceRows.
+  // An expert's pieces run on a BLAS GEMM without LibTorch's ops where cpu::ExpertPieceInto takes
+  // them: a bf16 expert of few rows in pieces as large as it takes, the others (and float32
+  // ones) in pieces of kMoePieceRows; a larger bf16 piece, or one of a model computed in float32
+  // from 16-bit weights, through LibTorch's ops (FusedExpertInto).
   const int64_t shared_small =
       cpu::SmallBf16ExpertRows(x, w.shared_gate_up, w.shared_gate_up.size(-1));
   const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up, w.gate_up.size(-1));
@@ -315,8 +323,7 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
                       w.down[p.expert], routed.narrow(0, p.begin, p.rows));
     }
   });
-  cpu::AddRoutedRows(out, r, routed);
-  return out;
+  return cpu::AddRoutedRows(out, r, routed, residual);
 }
 
 // The routed experts as two grouped matmuls over all slices: float32 [N, dim]. Every shape is
@@ -392,16 +399,21 @@ MoeDispatch AutoMoeDispatch(const torch::Tensor& x, const MoeWeights& w) {
 }
 
 torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale,
-                  MoeDispatch dispatch) {
+                  MoeDispatch dispatch, const torch::Tensor& residual) {
   const torch::ScalarType dt = w.gate_up.scalar_type();
   const torch::Tensor xs = x.reshape({-1, x.size(-1)}).to(dt);
   if (dispatch == MoeDispatch::kAuto) dispatch = AutoMoeDispatch(xs, w);
   torch::Tensor out;
   if (!xs.is_cuda() && dispatch == MoeDispatch::kLoop) {
-    // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops.
+    // The CPU routes in one pass (top-k, weights and the expert sort) instead of ~15 small ops,
+    // and adds the residual as it combines the experts' rows.
     const cpu::ExpertRoutes r =
         cpu::RouteTopK(cpu::RouterLogits(xs, w.router), w.expert_bias, top_k, routed_scale);
-    out = ExpertPiecesOnCpu(xs, r, w);
+    if (residual.defined()) {
+      return ExpertPiecesOnCpu(xs, r, w, residual.reshape({-1, residual.size(-1)}))
+          .view(residual.sizes());
+    }
+    out = ExpertPiecesOnCpu(xs, r, w, {});
   } else {
     // The shared expert's float32 output, a fresh tensor, is the sum the routed experts add into.
     out = FusedExpert(xs, w.shared_gate_up, w.shared_down).to(torch::kFloat32);
@@ -412,7 +424,8 @@ torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, do
       LoopExperts(routing, w, top_k, out);
     }
   }
-  return out.to(dt).view(x.sizes());
+  const torch::Tensor moe = out.to(dt).view(x.sizes());
+  return residual.defined() ? residual + moe : moe;
 }
 
 }  // namespace praxis::model

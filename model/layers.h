@@ -93,8 +93,11 @@ MoeDispatch AutoMoeDispatch(const torch::Tensor& x, const MoeWeights& w);
 
 // Sigmoid-routed top-k experts plus the shared expert, with no capacity limit: a token's output
 // never depends on its batch mates. Tokens are sorted by expert so each expert's tokens are one
-// contiguous slice; `dispatch` chooses how the experts run over those slices (above).
+// contiguous slice; `dispatch` chooses how the experts run over those slices (above). With a
+// `residual` (x's shape) returns residual + the MoE's output in residual's dtype: on the CPU added
+// as the experts' rows are combined, each element rounded once (else the output is rounded to the
+// weights' dtype first, and the sum again).
 torch::Tensor Moe(const torch::Tensor& x, const MoeWeights& w, int64_t top_k, double routed_scale,
-                  MoeDispatch dispatch = MoeDispatch::kAuto);
+                  MoeDispatch dispatch = MoeDispatch::kAuto, const torch::Tensor& residual = {});
 
 }  // namespace praxis::model

@@ -87,8 +87,8 @@ torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tens
   x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
   const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
   RECORD_FUNCTION(bw.moe ? "praxis::moe" : "praxis::ffn", std::vector<c10::IValue>());
-  return x + (bw.moe ? Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale)
-                     : SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down));
+  if (bw.moe) return Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale, MoeDispatch::kAuto, x);
+  return x + SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down);
 }
 
 }  // namespace

@@ -126,9 +126,24 @@ TEST(CpuKernelsTest, AddRoutedRowsEqualsIndexAddInExpertOrder) {
           r.weights.narrow(0, begin, n).unsqueeze(1) * y.narrow(0, begin, n).to(torch::kFloat32));
       begin += n;
     }
-    cpu::AddRoutedRows(out, r, y);
+    const torch::Tensor start = out.clone();
+    EXPECT_TRUE(cpu::AddRoutedRows(out, r, y).is_same(out));
     EXPECT_LE(MaxAbsDiff(out, want), 1e-6) << dt;
+    // With a residual (rows of a wider tensor) in its dtype: residual + the sum, rounded once; out
+    // holds the sum without it.
+    const torch::Tensor wide = torch::randn({tokens, 40}).to(dt);
+    const torch::Tensor residual = wide.narrow(1, 0, 33);
+    torch::Tensor again = start.clone();
+    const torch::Tensor sum = cpu::AddRoutedRows(again, r, y, residual);
+    EXPECT_EQ(sum.scalar_type(), dt);
+    EXPECT_TRUE(sum.is_contiguous());
+    EXPECT_TRUE(torch::equal(again, out));
+    EXPECT_TRUE(torch::equal(sum, (residual.to(torch::kFloat32) + out).to(dt))) << dt;
   }
+  torch::Tensor fresh = torch::zeros({tokens, 33});
+  EXPECT_THROW(
+      cpu::AddRoutedRows(fresh, r, torch::ones({tokens * top_k, 33}), torch::zeros({tokens, 32})),
+      c10::Error);
   torch::Tensor wrong = torch::zeros({tokens + 1, 33});
   EXPECT_THROW(cpu::AddRoutedRows(wrong, r, torch::ones({tokens * top_k, 33})), c10::Error);
   cpu::ExpertRoutes bad = r;
@@ -857,23 +872,31 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
 
 // The float32 form: any number of rows, on BLAS's float GEMM, the hidden rows never rounded: the
 // float32 products within float32 rounding, straight into out's rows (of any row stride), and
-// nothing else written; 16-bit weights or outputs refused.
+// nothing else written, whatever the operands' leading dimensions; refused untouched where it
+// cannot take them.
 TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   torch::manual_seed(16);
   const int64_t dim = 24, inner = 40, experts = 2;
-  const torch::Tensor x = torch::randn({300, dim});
-  const torch::Tensor gate_up = torch::randn({experts, dim, 2 * inner}) / 4;
-  const torch::Tensor down = torch::randn({experts, inner, dim}) / 4;
+  // Every operand a slice of a wider tensor: rows of x, weights and out longer than the GEMM's.
+  const torch::Tensor x = torch::randn({300, dim + 5}).narrow(1, 0, dim);
+  const torch::Tensor gate_up =
+      (torch::randn({experts, dim, 2 * inner + 6}) / 4).narrow(2, 0, 2 * inner);
+  const torch::Tensor down = (torch::randn({experts, inner, dim + 3}) / 4).narrow(2, 0, dim);
+  std::vector<int64_t> rows(280);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>((i * 7) % 300);
+  torch::Tensor wide = torch::zeros({290, dim + 8});
+  torch::Tensor out = wide.narrow(1, 0, dim);
+  const bool taken = cpu::ExpertPieceInto(x, rows.data(), 0, 280, gate_up, down, 1, out, 5);
+  if (!cpu::Float32PiecesOnBlas()) {  // a LibTorch without BLAS's sgemm_: LibTorch's ops instead
+    EXPECT_FALSE(taken);
+    EXPECT_EQ(wide.abs().max().item<float>(), 0.0f);
+    return;
+  }
   auto oracle = [](const torch::Tensor& rows, const torch::Tensor& gate, const torch::Tensor& up,
                    const torch::Tensor& dn) {
     return (torch::silu(rows.matmul(gate)) * rows.matmul(up)).matmul(dn);
   };
-  std::vector<int64_t> rows(280);
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>((i * 7) % 300);
-  // Rows of a wider tensor: out's row stride is not dim.
-  torch::Tensor wide = torch::zeros({290, dim + 8});
-  torch::Tensor out = wide.narrow(1, 0, dim);
-  ASSERT_TRUE(cpu::ExpertPieceInto(x, rows.data(), 0, 280, gate_up, down, 1, out, 5));
+  ASSERT_TRUE(taken);
   const auto gu = gate_up[1].chunk(2, -1);
   const torch::Tensor want =
       oracle(x.index_select(0, torch::tensor(rows, torch::kInt64)), gu[0], gu[1], down[1]);
@@ -882,22 +905,36 @@ TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   EXPECT_EQ(out.narrow(0, 285, 5).abs().max().item<float>(), 0.0f);
   EXPECT_EQ(wide.narrow(1, dim, 8).abs().max().item<float>(), 0.0f);
 
-  // A run of rows, and a dense SwiGLU's Linear weights, into contiguous rows.
+  // A run of rows, and a dense SwiGLU's Linear weights (read transposed, rows longer than the
+  // GEMM's), into contiguous rows.
   const auto gu0 = gate_up[0].chunk(2, -1);
   const torch::Tensor want0 = oracle(x.narrow(0, 10, 33), gu0[0], gu0[1], down[0]);
   torch::Tensor run = torch::zeros({300, dim});
   ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 10, 33, gate_up[0], down[0], -1, run, 10));
   EXPECT_LE(MaxAbsDiff(run.narrow(0, 10, 33), want0), 1e-5 * want0.abs().max().item<double>());
+  auto linear = [](const torch::Tensor& w) {  // [k, n] as a Linear's [n, k] of longer rows
+    torch::Tensor t = torch::zeros({w.size(1), w.size(0) + 7});
+    t.narrow(1, 0, w.size(0)).copy_(w.t());
+    return t.narrow(1, 0, w.size(0));
+  };
   torch::Tensor dense = torch::zeros({300, dim});
-  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 10, 33, gu0[0].t().contiguous(), gu0[1].t().contiguous(),
-                                   down[0].t().contiguous(), dense));
+  ASSERT_TRUE(
+      cpu::SwiGluPieceInto(x, 10, 33, linear(gu0[0]), linear(gu0[1]), linear(down[0]), dense));
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 10, 33), want0), 1e-5 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 10).abs().max().item<float>(), 0.0f);
   EXPECT_EQ(dense.narrow(0, 43, 257).abs().max().item<float>(), 0.0f);
 
-  // Refused, nothing written: bf16 weights under float32 rows, a bf16 out, an expert past the
-  // stack; a row out of range throws.
+  // One row, read as a row whatever its stride, into one row of out.
+  const torch::Tensor one = x.narrow(0, 10, 1).as_strided({1, dim}, {1, 1});
+  torch::Tensor out1 = torch::zeros({1, dim});
+  ASSERT_TRUE(cpu::ExpertPieceInto(one, nullptr, 0, 1, gate_up[0], down[0], -1, out1, 0));
+  EXPECT_LE(MaxAbsDiff(out1, want0.narrow(0, 0, 1)), 1e-5 * want0.abs().max().item<double>());
+
+  // Refused, nothing written: rows not laid out as rows (an expanded one), bf16 weights under
+  // float32 rows, a bf16 out, an expert past the stack; a row out of range throws.
   const torch::Tensor before = run.clone();
+  EXPECT_FALSE(cpu::ExpertPieceInto(x.narrow(0, 4, 1).expand({3, dim}), nullptr, 0, 3, gate_up[0],
+                                    down[0], -1, run, 0));
   EXPECT_FALSE(cpu::ExpertPieceInto(x, nullptr, 0, 4, gate_up.to(torch::kBFloat16),
                                     down.to(torch::kBFloat16), 0, run, 0));
   torch::Tensor out16 = torch::zeros({4, dim}, torch::kBFloat16);

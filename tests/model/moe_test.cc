@@ -81,6 +81,17 @@ void ExpectDispatchesAgree(torch::ScalarType dt, double tolerance) {
           << tokens << " tokens, k " << top_k;
       EXPECT_LE(MaxAbsDiff(loop, want.view(x.sizes())), tolerance * scale)
           << tokens << " tokens, k " << top_k;
+      // With a residual, both dispatches give residual + the MoE (the CPU's loop adds it as it
+      // combines the experts' rows) in the residual's dtype.
+      const torch::Tensor residual = torch::randn({1, tokens, kDim}).to(dt);
+      const torch::Tensor want_sum = residual.to(torch::kFloat32) + want.view(x.sizes());
+      for (MoeDispatch d : {MoeDispatch::kLoop, MoeDispatch::kGrouped}) {
+        const torch::Tensor sum = Moe(x, w, top_k, 1.5, d, residual);
+        ASSERT_EQ(sum.sizes(), x.sizes());
+        ASSERT_EQ(sum.scalar_type(), dt);
+        EXPECT_LE(MaxAbsDiff(sum, want_sum), tolerance * (scale + 4))
+            << tokens << " tokens, k " << top_k;
+      }
     }
   }
 }
