@@ -1973,7 +1973,7 @@ bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, in
 
 }  // namespace
 
-bool Float32PiecesOnBlas() { return FindBlasSgemm() != nullptr; }
+bool Float32PiecesOnBlas() { return HasPieceGemm<float>(); }
 
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,

@@ -210,6 +210,10 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
 // or not SmallBf16GemmOnMkl). Thread-safe.
 int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width);
 
+// Whether ExpertPieceInto / SwiGluPieceInto take float32 pieces: libtorch_cpu exports BLAS's
+// float GEMM (sgemm_). Thread-safe.
+bool Float32PiecesOnBlas();
+
 // One SwiGLU expert over a piece of token rows on a BLAS GEMM, without a LibTorch op: a piece of
 // the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products. The
 // rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
@@ -225,10 +229,6 @@ int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int6
 // returns false, writing nothing, where it does not take the piece (a bf16 count over
 // SmallBf16ExpertRows, other forms or dtypes). Called inside a parallel region, runs on the
 // calling thread alone (MKL's nested threading is off there); thread-safe.
-// Whether ExpertPieceInto / SwiGluPieceInto take float32 pieces: libtorch_cpu exports BLAS's
-// float GEMM (sgemm_). Thread-safe.
-bool Float32PiecesOnBlas();
-
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
                      torch::Tensor& out, int64_t out_first);

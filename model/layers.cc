@@ -25,7 +25,8 @@ namespace {
 // batch's) is cut into pieces of kMoePieceRows, which take MKL's path only where such a piece's
 // product still fits (narrow experts), else LibTorch's GEMM (oneDNN's: faster than MKL's per row
 // on products past ~32 K outputs, docs/benchmarks.md, stop 35); a larger dense layer runs on
-// LibTorch's. A float32 one takes the pointer path in pieces of kMoePieceRows whatever its size.
+// LibTorch's. A float32 one takes the pointer path whatever its size: an expert in pieces of
+// kMoePieceRows, a dense layer in at least one piece per thread (of at most that).
 constexpr int64_t kSmallExpertPieces = 4;
 
 // Rows of one piece of expert work on the CPU: one thread's float32 GEMM of the bench config's
