@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/small_layout.h"
 #include "common/flag_lists.h"
 #include "common/status_macros.h"
 #include "model/model_loader.h"
@@ -57,9 +58,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// A smaller layout than kBenchLayout (bench/serve_bench.cc's "small"): 440 encoder tokens.
-constexpr WindowLayout kSmallLayout{
-    .registers = 0, .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
+using bench::kSmallLayout;
 
 int CudaIndex(const torch::Device& d) { return d.index() < 0 ? 0 : d.index(); }
 

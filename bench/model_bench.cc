@@ -4,7 +4,8 @@
 //  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s;
 //  (c) the peak resident memory of a step;
 //  (d) one MoE block in bf16 and float32, its CPU dispatch against the grouped one that CUDA runs,
-//      its useful GFLOP/s against LibTorch's matmul in the same dtype.
+//      its useful GFLOP/s against LibTorch's matmul in the same dtype;
+//  (e) one attention call at the small layout (32,6,8,2,1), 1 or 8 rows, bf16 and float32.
 // Run: build/bench/model_bench (PRAXIS_SOURCE_DIR is compiled in to find configs/).
 
 #include <benchmark/benchmark.h>
@@ -13,6 +14,7 @@
 
 #include <cmath>
 
+#include "bench/small_layout.h"
 #include "model/backbone.h"
 #include "model/cpu_kernels.h"
 #include "model/layers.h"
@@ -165,6 +167,43 @@ BENCHMARK(BM_EncoderAttention)
     ->Arg(1)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
+    ->UseRealTime();
+
+// One attention call of the bench config's heads (2 of 64, 1 kv head) at the small layout, on the
+// CPU's tile kernel (bf16 on the matrix units where the CPU has them, float32 on FMAs): args
+// {tower: 0 encoder, 1 decoder; dtype: 0 bf16, 1 float32; rows}. Its useful GFLOP/s (allowed
+// pairs) is held against BM_Matmul's in the same dtype: the largest non-GEMM share of a bench
+// small float32 step of 8 rows.
+void BM_SmallAttention(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const BackboneConfig c = BenchConfig();
+  WindowLayout layout = bench::kSmallLayout;
+  layout.registers = c.num_registers;
+  const MaskKey key = state.range(0) == 0
+                          ? EncoderMaskKey(layout, c.flex_block_size)
+                          : DecoderMaskKey(layout, c.ph(), c.pw(), c.flex_block_size);
+  const TokenTags tags = *WindowTags(key.slots, key.chunk_size);
+  const MaskRule rule = ChunkCausalRule(tags);
+  const int64_t t = tags.length(), rows = state.range(2), hd = c.head_dim();
+  const auto dt = state.range(1) == 0 ? torch::kBFloat16 : torch::kFloat32;
+  const auto opts = torch::TensorOptions().dtype(dt);
+  torch::manual_seed(4);
+  const torch::Tensor q = torch::randn({rows, c.num_heads, t, hd}, opts);
+  const torch::Tensor k = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
+  const torch::Tensor v = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
+  const AttentionPlan plan = BuildAttentionPlan(
+      *BuildBlockMask(rule, tags, tags, c.flex_block_size), rule, torch::kCPU, dt, hd);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (auto _ : state) benchmark::DoNotOptimize(SparseAttention(q, k, v, plan, scale));
+  const double flops =
+      4.0 * static_cast<double>(hd * c.num_heads * rows) * AllowedPairs(rule, tags, tags);
+  state.counters["useful_GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_SmallAttention)
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 8}})
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.5)
     ->UseRealTime();
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "bench/small_layout.h"
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
 #include "model/model_loader.h"
@@ -126,10 +127,9 @@ void Run() {
   const int rounds = absl::GetFlag(FLAGS_rounds);
   std::unique_ptr<PraxisServer> solo = Serve(BenchRunner(), 1);
   auto c1 = client::Client::Create(absl::StrCat("127.0.0.1:", solo->port())).value();
-  const model::WindowLayout small{
-      .anchor_h = 6, .anchor_w = 8, .text_len = 32, .k = 2, .f = 1, .h = 6, .w = 8};
   const model::BackboneConfig& config = server->model().config();
-  for (const auto& [name, layout] : {std::pair{"bench", model::kBenchLayout}, {"small", small}}) {
+  for (const auto& [name, layout] :
+       {std::pair{"bench", model::kBenchLayout}, {"small", bench::kSmallLayout}}) {
     const v1::StepRequest r =
         BenchRequest(wire::SyntheticInputs(config.step_dims(), model::GeometryOf(layout), 1, 1));
     if (!c->Step(r, kTimeout).ok() || !c1->Step(r, kTimeout).ok()) std::abort();  // masks
