@@ -22,6 +22,7 @@
 #include "client/client_flags.h"
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/usage.h"
 #include "wire/layout_key.h"
@@ -105,7 +106,13 @@ absl::StatusOr<wire::StepInputs> Inputs(const Client& c) {
 }
 
 absl::Status Step(const Client& c) {
-  if (absl::GetFlag(FLAGS_out).empty()) return absl::InvalidArgumentError("step: give --out");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("step: give --out");
+  // Refused before sending: a path the answer cannot be written to would lose a computed step.
+  if (IsDirectory(out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--out: ", out, " is a directory; expected the path of the safetensors file to write"));
+  }
   PRAXIS_ASSIGN_OR_RETURN(const wire::StepInputs in, Inputs(c));
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
@@ -127,13 +134,15 @@ absl::Status Step(const Client& c) {
       {"compute_us", absl::StrCat(h.compute_us())},
       {"batch_rows", absl::StrCat(h.batch_rows())},
       {"noised_span", absl::StrCat(h.noised_span().start(), ",", h.noised_span().length())}};
-  PRAXIS_RETURN_IF_ERROR(wire::WriteSafetensors(absl::GetFlag(FLAGS_out), tensors, metadata));
+  if (absl::Status written = wire::WriteSafetensors(out, tensors, metadata); !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("--out: ", written.message()));
+  }
   std::vector<std::string> names;
   for (const auto& [name, t] : tensors) names.push_back(name);
   std::cout << "step ok: layout " << h.layout_key() << ", queue " << h.queue_us() / 1e3
             << " ms, compute " << h.compute_us() / 1e3 << " ms, total "
             << reply.trailer.total_us() / 1e3 << " ms, batch rows " << h.batch_rows() << "; "
-            << absl::StrJoin(names, ", ") << " -> " << absl::GetFlag(FLAGS_out) << std::endl;
+            << absl::StrJoin(names, ", ") << " -> " << out << std::endl;
   return absl::OkStatus();
 }
 

@@ -200,6 +200,7 @@ absl::Status WriteSafetensors(const std::string& path,
     return absl::InternalError(absl::StrCat(path, ": ", e.what_without_backtrace()));
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   const uint64_t header_bytes = header.size();
   char length[8];
   std::memcpy(length, &header_bytes, 8);

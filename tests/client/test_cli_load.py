@@ -73,6 +73,8 @@ def test_cli_step_synthetic_layout_and_bad_input(server, tmp_path):
     assert r.returncode == 1 and "frames_per_chunk" in r.stderr, r   # the server refused it
     r = run(CLI, "step", f"--address={server.address}", "--layout=6,2", f"--out={out}")
     assert r.returncode == 2 and "--layout" in r.stderr, r           # refused before sending
+    r = run(CLI, "step", f"--address={server.address}", "--layout=6,2,3,2,2", f"--out={tmp_path}")
+    assert r.returncode == 2 and "--out" in r.stderr and "directory" in r.stderr, r
 
 
 def load_report(tmp_path, address, *flags):

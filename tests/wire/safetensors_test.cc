@@ -112,6 +112,14 @@ TEST_F(SafetensorsTest, DuplicateNameIsRejected) {
   EXPECT_THAT(s.message(), HasSubstr("'x'"));
 }
 
+TEST_F(SafetensorsTest, UnwritablePathIsNamedWithTheSystemsReason) {
+  const std::string dir = testing::TempDir();
+  absl::Status s = WriteSafetensors(dir, {{"x", torch::ones({1})}});
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(dir));
+  EXPECT_THAT(s.message(), HasSubstr(std::strerror(EISDIR)));
+}
+
 TEST_F(SafetensorsTest, ViewsOutliveTheFile) {
   ASSERT_TRUE(WriteSafetensors(path_, {{"x", torch::arange(4, torch::kFloat32)}}).ok());
   torch::Tensor x;
