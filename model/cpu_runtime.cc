@@ -38,6 +38,65 @@ void SetIntraOpThreadsOfThisThread(int threads) {
   MKL_Set_Num_Threads_Local(threads);
 }
 
+namespace {
+
+// How much faster the other count must run to be taken; how long a probe runs, in probe_every;
+// the most windows between probes; the fall in a window's rate that probes at once.
+constexpr double kSwitchMargin = 1.1;
+constexpr double kProbeShare = 1.0 / 40;
+constexpr int kMaxBackoff = 8;
+constexpr double kDropToProbe = 0.5;
+
+}  // namespace
+
+IntraOpThreadChooser::IntraOpThreadChooser(int threads, absl::Duration probe_every)
+    : most_(threads), probe_every_(probe_every), count_(threads) {}
+
+void IntraOpThreadChooser::Record(double cost, absl::Duration took) {
+  took = std::max(took, absl::Nanoseconds(1));
+  if (probing_) {
+    probe_.cost += cost;
+    probe_.time += took;
+    if (probe_.time >= probe_every_ * kProbeShare) EndProbe();
+    return;
+  }
+  window_.cost += cost;
+  window_.time += took;
+  if (window_.time < probe_every_) return;
+  const double rate = window_.rate();
+  const bool dropped = last_rate_ > 0 && rate < last_rate_ * kDropToProbe;
+  last_rate_ = rate;
+  if (dropped || ++windows_since_probe_ >= backoff_) {
+    StartProbe(dropped);  // against this window's rate, kept in window_
+  } else {
+    window_ = {};
+  }
+}
+
+void IntraOpThreadChooser::StartProbe(bool fewer_first) {
+  const bool fewer = count_ > 1, more = count_ < most_;
+  bool up = more && (!fewer || (up_next_ && !fewer_first));
+  if (fewer && more && !fewer_first) up_next_ = !up_next_;
+  probe_count_ = up ? count_ + 1 : count_ - 1;
+  probing_ = true;
+  probe_ = {};
+  ++probes_;
+}
+
+void IntraOpThreadChooser::EndProbe() {
+  probing_ = false;
+  windows_since_probe_ = 0;
+  if (probe_.rate() > window_.rate() * kSwitchMargin) {
+    count_ = probe_count_;
+    ++switches_;
+    backoff_ = 1;
+    last_rate_ = probe_.rate();
+  } else {
+    backoff_ = std::min(backoff_ * 2, kMaxBackoff);
+  }
+  window_ = {};
+}
+
 CpuIsa DetectCpuIsa() {
   CpuIsa isa;
 #if defined(__x86_64__)

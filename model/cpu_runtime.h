@@ -2,7 +2,10 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <string>
+
+#include "absl/time/time.h"
 
 // Process settings for running LibTorch on CPUs in a server: where intra-op parallelism runs (how
 // freed memory is kept is the allocator's: the model's executables link tcmalloc, CMakeLists.txt).
@@ -26,6 +29,56 @@ void DefaultToOneIntraOpThread();
 // Makes LibTorch ops and MKL GEMMs on the calling thread use `threads` intra-op threads (its own
 // OpenMP team); other threads keep theirs. threads >= 1.
 void SetIntraOpThreadsOfThisThread(int threads);
+
+// Picks the intra-op thread count of each run of a CPU worker, between 1 and its configured
+// count. A spinning OpenMP team loses badly to another busy process on its cores (a bench small
+// float32 B8 step took ~660 ms at 2 threads against ~66 ms at 1 with one busy process on one of 2
+// cores, and ~30-55 ms at 2 when quiet: docs/benchmarks.md stop 39), and no setting of the team
+// wins both ways (OMP_WAIT_POLICY=passive cost up to 26 % of served throughput on quiet cores). So
+// the worker keeps the count that ran fastest and, after each `probe_every` of its runs' time,
+// times a neighbouring count (one thread fewer and one more in turn, within range) on runs of at
+// least probe_every / 40 (at least one run), moving to it when it is more than 10 % faster. A probe
+// that loses doubles the wait before the next (up to 8 x probe_every), so a worker that is well
+// where it is spends little time trying others, and a window whose rate falls to half the one
+// before it probes one thread fewer at once (a busy neighbour has just started). Rates are cost per
+// second of runs (cost: any measure of a run's work, e.g. StepCost's GFLOP), so batches of any
+// size compare; idle time between runs does not count. Not thread-safe: one worker's.
+class IntraOpThreadChooser {
+ public:
+  // threads >= 2 (the most it takes, and where it starts); probe_every > 0.
+  IntraOpThreadChooser(int threads, absl::Duration probe_every);
+
+  // The count for the next run, and the count in use between probes.
+  int Next() const { return probing_ ? probe_count_ : count_; }
+  int count() const { return count_; }
+  // The run Next() chose took `took` for `cost` (> 0) of work.
+  void Record(double cost, absl::Duration took);
+  // Probes run so far, and how many of them changed the count.
+  int64_t probes() const { return probes_; }
+  int64_t switches() const { return switches_; }
+
+ private:
+  struct Window {
+    double cost = 0;
+    absl::Duration time;
+    double rate() const { return cost / absl::ToDoubleSeconds(time); }
+  };
+  void StartProbe(bool fewer_first);
+  void EndProbe();
+
+  const int most_;
+  const absl::Duration probe_every_;
+  int count_;  // the count in use
+  bool probing_ = false;
+  int probe_count_ = 0;   // the count a probe runs
+  bool up_next_ = false;  // where both neighbours exist: the next probe tries one more
+  int backoff_ = 1;       // windows of probe_every between probes
+  int windows_since_probe_ = 0;
+  Window window_;         // the current window on count_
+  double last_rate_ = 0;  // the last full window's rate (0: none yet)
+  Window probe_;
+  int64_t probes_ = 0, switches_ = 0;
+};
 
 // The x86 units that decide how fast a reduced-precision step runs on this CPU (all false
 // elsewhere), from cpuid.

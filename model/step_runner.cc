@@ -7,13 +7,20 @@
 #include <utility>
 
 #include "model/cpu_runtime.h"
+#include "model/masks.h"
+#include "model/step_cost.h"
 
 namespace praxis::model {
 
 BackboneStepRunner::BackboneStepRunner(std::unique_ptr<VideoBackbone> model, RunnerOptions options)
     : model_(std::move(model)), intra_op_threads_(options.intra_op_threads) {
-  if (model_->options().device.is_cuda() && options.cuda_graph_bytes > 0) {
+  const bool cuda = model_->options().device.is_cuda();
+  if (cuda && options.cuda_graph_bytes > 0) {
     graphs_ = std::make_unique<StepGraphs>(*model_, options.cuda_graph_bytes);
+  }
+  if (!cuda && intra_op_threads_ >= 2 && options.thread_probe_every > absl::ZeroDuration()) {
+    chooser_ =
+        std::make_unique<IntraOpThreadChooser>(intra_op_threads_, options.thread_probe_every);
   }
 }
 
@@ -37,14 +44,23 @@ void WantedToHost(BackboneOutput& out, const OutputSelection& wanted) {
 absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
                                                        const OutputSelection& wanted) {
   thread_local int applied = 0;
-  if (intra_op_threads_ > 0 && applied != intra_op_threads_) {
-    SetIntraOpThreadsOfThisThread(intra_op_threads_);
-    applied = intra_op_threads_;
+  const int threads = chooser_ != nullptr ? chooser_->Next() : intra_op_threads_;
+  if (threads > 0 && applied != threads) {
+    SetIntraOpThreadsOfThisThread(threads);
+    applied = threads;
   }
   const torch::Device dev = model_->options().device;
+  const absl::Time start = absl::Now();
   absl::StatusOr<BackboneOutput> out =
       graphs_ != nullptr ? graphs_->Run(batch) : model_->ForwardValidated(batch);
   if (!out.ok()) return out;
+  if (!dev.is_cuda() && threads > 0) last_threads_.store(threads, std::memory_order_relaxed);
+  if (chooser_ != nullptr) {
+    const double gflop =
+        ComputeStepCost(config(), StepLayout(batch), batch.decode, batch.noised.size(0)).gflop();
+    chooser_->Record(gflop, absl::Now() - start);
+    switches_.store(chooser_->switches(), std::memory_order_relaxed);
+  }
   KeepOnly(*out, wanted);  // before the copy: unwanted outputs never leave the device
   if (!dev.is_cuda()) return out;
   try {
@@ -58,6 +74,12 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
 std::optional<GraphStats> BackboneStepRunner::graph_stats() const {
   if (graphs_ == nullptr) return std::nullopt;
   return graphs_->stats();
+}
+
+std::optional<IntraOpThreads> BackboneStepRunner::intra_op_threads() const {
+  const int threads = last_threads_.load(std::memory_order_relaxed);
+  if (threads == 0) return std::nullopt;
+  return IntraOpThreads{threads, switches_.load(std::memory_order_relaxed)};
 }
 
 std::string BackboneStepRunner::device() const { return model_->options().device.str(); }

@@ -3,19 +3,28 @@
 // The model as the server sees it (STYLE.md: server/ sees this interface; only main.cc names the
 // LibTorch implementation).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "model/backbone.h"
 #include "model/config.h"
+#include "model/cpu_runtime.h"
 #include "model/mask_cache.h"
 #include "model/step.h"
 #include "model/step_graphs.h"
 
 namespace praxis::model {
+
+// StepRunner::intra_op_threads's answer.
+struct IntraOpThreads {
+  int threads = 0;       // of the last run
+  int64_t switches = 0;  // changes of the count (IntraOpThreadChooser) since start
+};
 
 // Runs one stacked batch of validated steps and describes the model. Implementations are called
 // by one batcher worker per device at a time, but the const accessors may be called from any
@@ -40,13 +49,20 @@ class StepRunner {
   virtual std::optional<int64_t> device_memory_bytes() const = 0;
   // The CUDA-graph cache's counters; nullopt where steps run eagerly (CPU, --cuda_graphs=false).
   virtual std::optional<GraphStats> graph_stats() const { return std::nullopt; }
+  // The intra-op threads of the last CPU run and how often the count changed; nullopt on CUDA
+  // or where the runner leaves the worker's count as it is.
+  virtual std::optional<IntraOpThreads> intra_op_threads() const { return std::nullopt; }
 };
 
 // How BackboneStepRunner runs its model.
 struct RunnerOptions {
-  // > 0: a thread's first Run raises that thread's LibTorch intra-op threads to it
-  // (model/cpu_runtime.h); 0 leaves every thread's count as it is.
+  // > 0: Run sets its thread's LibTorch intra-op threads to it (model/cpu_runtime.h), or on the
+  // CPU to the count thread_probe_every chooses; 0 leaves every thread's count as it is.
   int intra_op_threads = 0;
+  // On the CPU with intra_op_threads >= 2, > 0: each run takes the count between 1 and
+  // intra_op_threads that ran fastest, timing a neighbouring count after each probe_every of runs
+  // (IntraOpThreadChooser, model/cpu_runtime.h); 0 always takes intra_op_threads.
+  absl::Duration thread_probe_every = absl::Seconds(2);
   // On CUDA, replay a captured graph per (layout key, rows) (model/step_graphs.h), keeping at
   // most this many device bytes of them; 0 runs every step eagerly. Ignored on the CPU.
   int64_t cuda_graph_bytes = int64_t{8} << 30;
@@ -69,11 +85,15 @@ class BackboneStepRunner : public StepRunner {
   std::string dtype() const override;
   std::optional<int64_t> device_memory_bytes() const override;
   std::optional<GraphStats> graph_stats() const override;
+  std::optional<IntraOpThreads> intra_op_threads() const override;
 
  private:
   std::unique_ptr<VideoBackbone> model_;
   const int intra_op_threads_;
-  std::unique_ptr<StepGraphs> graphs_;  // null: eager
+  std::unique_ptr<StepGraphs> graphs_;             // null: eager
+  std::unique_ptr<IntraOpThreadChooser> chooser_;  // null: always intra_op_threads_
+  std::atomic<int> last_threads_{0};               // of the last CPU run; 0 before one
+  std::atomic<int64_t> switches_{0};               // chooser_->switches(), for other threads
 };
 
 }  // namespace praxis::model

@@ -61,6 +61,11 @@ ABSL_FLAG(std::string, attention, "sparse", "sparse | dense");
 ABSL_FLAG(int32_t, threads, 0,
           "LibTorch intra-op threads of the thread that runs the model (every other thread uses "
           "one); 0: the number of cores on cpu, 1 on cuda (its host work is copies)");
+ABSL_FLAG(absl::Duration, thread_probe_every, absl::Seconds(2),
+          "on cpu with --threads of 2 or more: after this much model time on its thread count, "
+          "the worker times one thread fewer or more (1 to --threads) on a few runs and keeps the "
+          "faster (a "
+          "spinning team loses ~10x to a busy process on its cores); 0: always --threads");
 ABSL_FLAG(int64_t, mask_cache_entries, 64,
           "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
@@ -337,6 +342,11 @@ absl::Status Run() {
   PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_float32_weight_bytes));
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
   PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_session_text_bytes));
+  if (absl::GetFlag(FLAGS_thread_probe_every) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--thread_probe_every must be >= 0, got ",
+                     absl::FormatDuration(absl::GetFlag(FLAGS_thread_probe_every))));
+  }
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;
@@ -354,6 +364,7 @@ absl::Status Run() {
   auto runner = std::make_unique<model::BackboneStepRunner>(
       std::move(loaded.model),
       model::RunnerOptions{.intra_op_threads = threads,
+                           .thread_probe_every = absl::GetFlag(FLAGS_thread_probe_every),
                            .cuda_graph_bytes = absl::GetFlag(FLAGS_cuda_graphs)
                                                    ? absl::GetFlag(FLAGS_cuda_graph_bytes)
                                                    : 0});

@@ -89,6 +89,16 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
                            static_cast<double>(*v.device_memory_bytes)));
     }
     if (v.graphs) AddGraphFamilies(*v.graphs, out);
+    if (v.intra_op_threads) {
+      out.push_back(Family("praxis_intra_op_threads",
+                           "Intra-op threads of the last CPU step: --threads, or fewer where "
+                           "fewer ran faster (--thread_probe_every).",
+                           MetricType::Gauge, static_cast<double>(v.intra_op_threads->threads)));
+      out.push_back(
+          Family("praxis_intra_op_thread_switches_total",
+                 "Changes of the CPU steps' intra-op thread count (--thread_probe_every).",
+                 MetricType::Counter, static_cast<double>(v.intra_op_threads->switches)));
+    }
     return out;
   }
 

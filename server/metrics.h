@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "model/mask_cache.h"
 #include "model/step_graphs.h"
+#include "model/step_runner.h"
 
 namespace praxis::serve {
 
@@ -30,6 +31,7 @@ struct LiveValues {
   CacheStats text_cache;  // zero where the model keeps none
   std::optional<int64_t> device_memory_bytes;
   std::optional<model::GraphStats> graphs;  // absent where steps run eagerly
+  std::optional<model::IntraOpThreads> intra_op_threads;  // CPU (StepRunner::intra_op_threads)
   int64_t pending_response_bytes = 0;       // answers admitted but not yet taken by their readers
   int64_t session_text_bytes = 0;           // texts kept by sessions
   int64_t write_timeouts = 0;               // calls cancelled for a stalled reader

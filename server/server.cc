@@ -89,6 +89,7 @@ absl::Status PraxisServer::Start() {
                       runner_->text_cache_stats(),
                       runner_->device_memory_bytes(),
                       runner_->graph_stats(),
+                      runner_->intra_op_threads(),
                       s.pending_response_bytes,
                       s.session_text_bytes,
                       s.write_timeouts};

@@ -151,6 +151,23 @@ def test_server_answer_pipeline_flag():
         s.stop()
 
 
+def test_server_thread_probe():
+    """--thread_probe_every: a negative value is refused naming the flag; a CPU server says in
+    /metrics how many intra-op threads its steps ran on and how often that changed, and 0 keeps
+    --threads."""
+    from server_process import SERVER
+    r = run(SERVER, "--port=0", "--metrics_port=-1", "--thread_probe_every=-1s")
+    assert r.returncode != 0 and "--thread_probe_every must be >= 0, got -1s" in r.stderr, r
+    for flags, threads in [(("--threads=1",), 1), (("--threads=2", "--thread_probe_every=0"), 2)]:
+        s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", *flags)
+        try:
+            page = s.metrics()  # after the warm-up steps
+        finally:
+            s.stop()
+        assert f"praxis_intra_op_threads {threads}\n" in page, (flags, page)
+        assert "praxis_intra_op_thread_switches_total 0\n" in page, (flags, page)
+
+
 def test_server_text_cache():
     """--text_cache_entries: a negative value is refused naming the flag; served steps that repeat
     an instruction reuse its projection (the metrics say so), and 0 turns the cache off."""

@@ -7,6 +7,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "model/checkpoint.h"
@@ -396,6 +398,35 @@ TEST(BackboneTest, ForwardValidatesButTheRunnerTrustsItsValidatedBatch) {
   EXPECT_TRUE(torch::isnan(out->features.embeddings).any().item<bool>());
   EXPECT_FALSE(out->cond.defined()) << "not asked for";
   EXPECT_FALSE(out->features.positions.defined()) << "not asked for";
+}
+
+// On the CPU the runner takes each run's intra-op thread count from its IntraOpThreadChooser:
+// with a probe window shorter than any run, the first run fills a window on --threads and the
+// second probes one thread. Without probes, or without a count of its own, it keeps to its own.
+TEST(BackboneTest, TheRunnerProbesOneIntraOpThreadAfterAWindow) {
+  const StepInputs in = RandomStep(1, 2, 1, 3, 3, 4, 1);
+  std::vector<int> seen;
+  std::thread([&] {  // the runner raises its thread's count: a thread of its own
+    BackboneStepRunner runner(LoadTiny(AttentionMode::kSparse),
+                              {.intra_op_threads = 2, .thread_probe_every = absl::Nanoseconds(1)});
+    EXPECT_FALSE(runner.intra_op_threads().has_value()) << "before any run";
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(runner.Run(in, {.cond = true}).ok());
+      seen.push_back(runner.intra_op_threads()->threads);
+    }
+  })
+      .join();
+  EXPECT_EQ(seen, (std::vector<int>{2, 1}));
+  std::thread([&] {
+    BackboneStepRunner fixed(LoadTiny(AttentionMode::kSparse),
+                             {.intra_op_threads = 2, .thread_probe_every = absl::ZeroDuration()});
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(fixed.Run(in, {.cond = true}).ok());
+    EXPECT_EQ(fixed.intra_op_threads()->threads, 2);
+    EXPECT_EQ(fixed.intra_op_threads()->switches, 0);
+    BackboneStepRunner unset(LoadTiny(AttentionMode::kSparse));
+    ASSERT_TRUE(unset.Run(in, {.cond = true}).ok());
+    EXPECT_FALSE(unset.intra_op_threads().has_value()) << "leaves the thread's count alone";
+  }).join();
 }
 
 }  // namespace

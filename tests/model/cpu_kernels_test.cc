@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <thread>
@@ -584,6 +585,77 @@ TEST(CpuRuntimeTest, IntraOpThreadsAreRaisedOnTheCallingThreadOnly) {
   EXPECT_EQ(worker, 2);
   EXPECT_EQ(other, 1);
   EXPECT_EQ(at::get_num_threads(), 1);
+}
+
+// Runs `chooser` for `runs` runs of one unit of cost each, a run at n threads taking
+// ms_per_run(n) milliseconds; returns how many ran at one thread.
+int RunsAtOneThread(IntraOpThreadChooser& chooser, int runs,
+                    const std::function<double(int)>& ms_per_run) {
+  int at_one = 0;
+  for (int i = 0; i < runs; ++i) {
+    const int n = chooser.Next();
+    at_one += n == 1;
+    chooser.Record(1.0, absl::Milliseconds(ms_per_run(n)));
+  }
+  return at_one;
+}
+
+TEST(CpuRuntimeTest, ThreadChooserKeepsTheTeamWhereItIsFasterAndProbesLessAndLess) {
+  IntraOpThreadChooser chooser(2, absl::Seconds(2));
+  EXPECT_EQ(chooser.count(), 2);
+  // Quiet cores: 2 threads 10 ms a run, 1 thread 16 ms. 20 000 runs = 200 s of model time, 100
+  // windows of 2 s; after losing probes at windows 1, 3, 7 and 15, one per 8 windows.
+  const int at_one = RunsAtOneThread(chooser, 20000, [](int n) { return n == 2 ? 10.0 : 16.0; });
+  EXPECT_EQ(chooser.switches(), 0);
+  EXPECT_GE(chooser.probes(), 12);
+  EXPECT_LE(chooser.probes(), 16) << "probes that lose should back off";
+  // A probe runs for 1/40 of a window (50 ms): 4 runs of 16 ms.
+  EXPECT_LE(at_one, 4 * chooser.probes());
+  EXPECT_EQ(chooser.count(), 2);
+}
+
+TEST(CpuRuntimeTest, ThreadChooserTakesOneThreadUnderABusyNeighbourAndComesBack) {
+  IntraOpThreadChooser chooser(2, absl::Seconds(2));
+  bool busy = false;
+  // As measured with a busy process on one of two cores: the team 10x slower than one thread.
+  const auto ms = [&](int n) { return busy ? (n == 2 ? 660.0 : 66.0) : (n == 2 ? 30.0 : 52.0); };
+  RunsAtOneThread(chooser, 1000, ms);  // quiet, 30 s: settles on 2, its probes backed off
+  EXPECT_EQ(chooser.switches(), 0);
+  EXPECT_EQ(chooser.count(), 2);
+  busy = true;
+  // The first window wholly after the neighbour started runs at a tenth of the one before: the
+  // chooser probes then (at most 2 windows of 4 runs, and the probe), not after its backed-off
+  // wait (8 windows, 32 runs), and takes one thread.
+  int runs = 0;
+  for (; chooser.switches() == 0 && runs < 40; ++runs) RunsAtOneThread(chooser, 1, ms);
+  EXPECT_LE(runs, 9);
+  EXPECT_EQ(chooser.switches(), 1);
+  const int at_one = RunsAtOneThread(chooser, 1000, ms);  // 66 s
+  EXPECT_GE(at_one, 990) << "the team is tried again now and then, not kept";
+  EXPECT_EQ(chooser.switches(), 1);
+  busy = false;
+  RunsAtOneThread(chooser, 1000, ms);
+  EXPECT_EQ(chooser.count(), 2) << "the neighbour gone, a later probe takes the team back";
+  EXPECT_EQ(chooser.switches(), 2);
+}
+
+TEST(CpuRuntimeTest, ThreadChooserStepsDownOneThreadPastABusyCoreOfMany) {
+  IntraOpThreadChooser chooser(4, absl::Seconds(2));
+  bool busy = false;
+  // 4 cores: a run of n threads takes 40/n ms; with a busy process on one core, a team of 4
+  // stalls at its barriers (100 ms) while 3 or fewer run on the free cores.
+  const auto ms = [&](int n) { return busy && n == 4 ? 100.0 : 40.0 / n; };
+  RunsAtOneThread(chooser, 3000, ms);
+  EXPECT_EQ(chooser.count(), 4);
+  EXPECT_EQ(chooser.switches(), 0);
+  busy = true;
+  RunsAtOneThread(chooser, 3000, ms);
+  EXPECT_EQ(chooser.count(), 3) << "one thread fewer, not one thread";
+  EXPECT_EQ(chooser.switches(), 1);
+  busy = false;
+  RunsAtOneThread(chooser, 6000, ms);
+  EXPECT_EQ(chooser.count(), 4);
+  EXPECT_EQ(chooser.switches(), 2);
 }
 
 TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
