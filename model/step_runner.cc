@@ -44,7 +44,11 @@ void WantedToHost(BackboneOutput& out, const OutputSelection& wanted) {
 absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
                                                        const OutputSelection& wanted) {
   thread_local int applied = 0;
-  const int threads = chooser_ != nullptr ? chooser_->Next() : intra_op_threads_;
+  int threads = intra_op_threads_;
+  if (chooser_ != nullptr) {
+    absl::MutexLock lock(&chooser_mu_);
+    threads = chooser_->Next();
+  }
   if (threads > 0 && applied != threads) {
     SetIntraOpThreadsOfThisThread(threads);
     applied = threads;
@@ -58,6 +62,7 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
   if (chooser_ != nullptr) {
     const double gflop =
         ComputeStepCost(config(), StepLayout(batch), batch.decode, batch.noised.size(0)).gflop();
+    absl::MutexLock lock(&chooser_mu_);
     chooser_->Record(gflop, absl::Now() - start);
     switches_.store(chooser_->switches(), std::memory_order_relaxed);
   }

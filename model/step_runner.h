@@ -9,7 +9,9 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/backbone.h"
 #include "model/config.h"
@@ -91,7 +93,10 @@ class BackboneStepRunner : public StepRunner {
   std::unique_ptr<VideoBackbone> model_;
   const int intra_op_threads_;
   std::unique_ptr<StepGraphs> graphs_;             // null: eager
-  std::unique_ptr<IntraOpThreadChooser> chooser_;  // null: always intra_op_threads_
+  // Null: always intra_op_threads_. Guarded although one worker calls Run at a time (StepRunner's
+  // contract), so that a second worker on one runner would share it rather than race.
+  absl::Mutex chooser_mu_;
+  std::unique_ptr<IntraOpThreadChooser> chooser_ ABSL_PT_GUARDED_BY(chooser_mu_);
   std::atomic<int> last_threads_{0};               // of the last CPU run; 0 before one
   std::atomic<int64_t> switches_{0};               // chooser_->switches(), for other threads
 };
