@@ -64,8 +64,7 @@ ABSL_FLAG(int32_t, threads, 0,
 ABSL_FLAG(absl::Duration, thread_probe_every, absl::Seconds(2),
           "on cpu with --threads of 2 or more: after this much model time on its thread count, "
           "the worker times one thread fewer or more (1 to --threads) on a few runs and keeps the "
-          "faster (a "
-          "spinning team loses ~10x to a busy process on its cores); 0: always --threads");
+          "faster (a spinning team loses ~10x to a busy process on its cores); 0: always --threads");
 ABSL_FLAG(int64_t, mask_cache_entries, 64,
           "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
@@ -325,12 +324,17 @@ void PrintServing(const PraxisServer& server, const ServerOptions& options) {
   std::_Exit(0);
 }
 
-// InvalidArgument naming `flag` when its value is negative (a byte budget).
-absl::Status NotNegative(const absl::Flag<int64_t>& flag) {
-  const int64_t value = absl::GetFlag(flag);
-  if (value >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", absl::GetFlagReflectionHandle(flag).Name(), " must be >= 0, got ", value));
+// A flag's value as NotNegative's message shows it.
+std::string FlagValueText(int64_t value) { return absl::StrCat(value); }
+std::string FlagValueText(absl::Duration value) { return absl::FormatDuration(value); }
+
+// InvalidArgument naming `flag` when its value is negative (a byte budget, a probe interval).
+template <typename T>
+absl::Status NotNegative(const absl::Flag<T>& flag) {
+  const T value = absl::GetFlag(flag);
+  if (!(value < T())) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", absl::GetFlagReflectionHandle(flag).Name(),
+                                                 " must be >= 0, got ", FlagValueText(value)));
 }
 
 absl::Status Run() {
@@ -342,11 +346,7 @@ absl::Status Run() {
   PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_float32_weight_bytes));
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
   PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_session_text_bytes));
-  if (absl::GetFlag(FLAGS_thread_probe_every) < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--thread_probe_every must be >= 0, got ",
-                     absl::FormatDuration(absl::GetFlag(FLAGS_thread_probe_every))));
-  }
+  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_thread_probe_every));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;
