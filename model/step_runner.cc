@@ -64,7 +64,6 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
         ComputeStepCost(config(), StepLayout(batch), batch.decode, batch.noised.size(0)).gflop();
     absl::MutexLock lock(&chooser_mu_);
     chooser_->Record(gflop, absl::Now() - start);
-    switches_.store(chooser_->switches(), std::memory_order_relaxed);
   }
   KeepOnly(*out, wanted);  // before the copy: unwanted outputs never leave the device
   if (!dev.is_cuda()) return out;
@@ -84,7 +83,12 @@ std::optional<GraphStats> BackboneStepRunner::graph_stats() const {
 std::optional<IntraOpThreads> BackboneStepRunner::intra_op_threads() const {
   const int threads = last_threads_.load(std::memory_order_relaxed);
   if (threads == 0) return std::nullopt;
-  return IntraOpThreads{threads, switches_.load(std::memory_order_relaxed)};
+  IntraOpThreads answer{.threads = threads};
+  if (chooser_ != nullptr) {
+    absl::MutexLock lock(&chooser_mu_);
+    answer.switches = chooser_->switches();
+  }
+  return answer;
 }
 
 std::string BackboneStepRunner::device() const { return model_->options().device.str(); }

@@ -94,11 +94,10 @@ class BackboneStepRunner : public StepRunner {
   const int intra_op_threads_;
   std::unique_ptr<StepGraphs> graphs_;             // null: eager
   // Null: always intra_op_threads_. Guarded although one worker calls Run at a time (StepRunner's
-  // contract), so that a second worker on one runner would share it rather than race.
-  absl::Mutex chooser_mu_;
+  // contract): metrics scrapes read its switches, and a second worker would share it.
+  mutable absl::Mutex chooser_mu_;
   std::unique_ptr<IntraOpThreadChooser> chooser_ ABSL_PT_GUARDED_BY(chooser_mu_);
   std::atomic<int> last_threads_{0};               // of the last CPU run; 0 before one
-  std::atomic<int64_t> switches_{0};               // chooser_->switches(), for other threads
 };
 
 }  // namespace praxis::model
