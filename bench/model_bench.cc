@@ -1,7 +1,8 @@
 // Backbone benchmarks on configs/bench.json and the bench layout (registers 4, anchor 30x40,
 // text 256, K = 4, F = 2, h x w = 30 x 40), bf16 weights, in one run:
 //  (a) the block-sparse attention executor vs dense-mask SDPA on the encoder's chunk-causal layout;
-//  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s;
+//  (b) a whole step's achieved GFLOP/s (useful FLOPs counted) vs LibTorch's bf16 matmul GFLOP/s,
+//      also measured in turns (BM_StepBesideMatmul) where the matrix units' rate moves;
 //  (c) the peak resident memory of a step;
 //  (d) one MoE block in bf16 and float32, its CPU dispatch against the grouped one that CUDA runs,
 //      its useful GFLOP/s against LibTorch's matmul in the same dtype;
@@ -12,7 +13,10 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "bench/small_layout.h"
 #include "model/backbone.h"
@@ -84,6 +88,60 @@ void BM_Matmul(benchmark::State& state) {
       benchmark::Counter(2.0 * n * n * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Matmul)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+
+// LibTorch's mean bf16 GEMM rate (GFLOP/s) on [2048, 2048] operands over at least `seconds`.
+double Bf16MatmulRate(const torch::Tensor& a, const torch::Tensor& b, double seconds) {
+  const double flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    benchmark::DoNotOptimize(torch::matmul(a, b));
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  return flops * static_cast<double>(calls) / elapsed / 1e9;
+}
+
+// P6 on a host whose matrix units are shared: BM_Step's step and BM_Matmul's bf16 GEMM measured
+// in turns, each step between two 0.3 s GEMM windows, and P6 (step GFLOP/s over the GEMM's) taken
+// per step against the windows around it. BM_Step and BM_Matmul, minutes or seconds apart, read
+// P6 from 38 to 117 % on a Xeon whose AMX rate moved 2.6x within minutes (docs/benchmarks.md, stop
+// 38). Counters: P6 (median over the iterations), P6_min and P6_max, and the medians of both rates.
+void BM_StepBesideMatmul(benchmark::State& state) {
+  torch::set_num_threads(2);
+  const BackboneConfig c = BenchConfig();
+  auto model = *VideoBackbone::Create(c, RandomWeights(c, 0), {});
+  const StepInputs in = BenchStep(c);
+  const auto bf = torch::TensorOptions().dtype(torch::kBFloat16);
+  const torch::Tensor a = torch::randn({2048, 2048}, bf), b = torch::randn({2048, 2048}, bf);
+  if (!model->Forward(in).ok()) state.SkipWithError("forward failed");  // warm: builds masks
+  const double flops = ComputeStepCost(c, kBenchLayout, /*decode=*/true, 1).flops;
+  std::vector<double> p6, step_rates, gemm_rates;
+  double before = Bf16MatmulRate(a, b, 0.3);
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(model->Forward(in));
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(s);
+    const double after = Bf16MatmulRate(a, b, 0.3);
+    step_rates.push_back(flops / s / 1e9);
+    gemm_rates.push_back((before + after) / 2);
+    p6.push_back(step_rates.back() / gemm_rates.back());
+    before = after;
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["P6"] = median(p6);
+  state.counters["P6_min"] = p6.empty() ? 0.0 : *std::min_element(p6.begin(), p6.end());
+  state.counters["P6_max"] = p6.empty() ? 0.0 : *std::max_element(p6.begin(), p6.end());
+  state.counters["step_GFLOP/s"] = median(step_rates);
+  state.counters["bf16_GEMM_GFLOP/s"] = median(gemm_rates);
+}
+BENCHMARK(BM_StepBesideMatmul)->Unit(benchmark::kMillisecond)->Iterations(5)->UseManualTime();
 
 // One MoE block of configs/bench.json (top-k of its experts) on 3104 tokens (the decoder's of a
 // bench small step of 8 rows): args {dispatch: 0 the CPU's (pieces of each expert on the threads),
