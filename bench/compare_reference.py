@@ -3,15 +3,19 @@
 
     compare_reference.py --step_bench build/bench/step_bench [--configs tiny,bench]
         [--layouts small,medium,bench] [--dtypes float32,bfloat16] [--batches 1,8]
-        [--threads 2] [--repeats 5] [--gemm_bound] [--json out.json]
+        [--threads 2] [--repeats 5] [--gap 0.05] [--no_turns] [--gemm_bound] [--json out.json]
 
 For each config: one checkpoint of deterministic random weights (tests/reference/make_tiny.py).
 For each (layout, batch): one step file of random float32 inputs. Each cell times the reference's
-forward in this process (inference mode, `--threads` intra-op threads, one untimed warm-up, then
-`--repeats` timed runs) and then step_bench (the server's StepRunner::Run, same threads, warm-up and
-repeats; its text cache off, as the reference projects every step's text) in a child process, one
-after the other so that they never share the cores. Prints the CPU model and ISA flags and a
-table of medians with the ratio C++ / reference (< 0.5 is the issue's target). With --gemm_bound
+forward in this process (inference mode, `--threads` intra-op threads, one untimed warm-up) and
+step_bench (the server's StepRunner::Run, same threads and warm-up; its text cache off, as the
+reference projects every step's text) in a child process, in turns: `--repeats` pairs of one run
+each, which goes first alternating, each run after `--gap` idle seconds (both sides' OpenMP threads
+spin a while after their last region), so that they never share the cores and a host's slow swings
+hit both sides of a pair alike. Prints the CPU model and ISA flags and a table of medians, and the
+ratio C++ / reference as the median of the pairs' ratios (< 0.5 is the issue's target), with those
+ratios' spread. `--reuse_reference` (or `--no_turns`) times all of one side's repeats, then all of
+the other's, as before this mode existed. With --gemm_bound
 each side's GEMM calls (aten mm, addmm, bmm, baddbmm; ours also MKL's bf16 GEMM of
 model/cpu_kernels.h) in one forward are recorded and timed alone in the same run (the reference's
 here, the C++ side's by step_bench --gemm_bound), and the table adds both GEMM times and C++ / its
@@ -130,16 +134,50 @@ def reference_gemm_ms(model, x: dict[str, torch.Tensor], repeats: int) -> tuple[
     return statistics.median(times), len(calls)
 
 
-def time_cpp(step_bench: str, checkpoint: str, dtype: str, inputs: str, threads: int,
-             repeats: int, gemm_bound: bool = False) -> dict:
+def step_bench_command(step_bench: str, checkpoint: str, dtype: str, inputs: str, threads: int,
+                       repeats: int, gemm_bound: bool) -> list[str]:
+    return [step_bench, f"--checkpoint={checkpoint}", f"--dtype={dtype}", f"--inputs={inputs}",
+            f"--threads={threads}", f"--repeats={repeats}", f"--gemm_bound={str(gemm_bound).lower()}",
+            # Like for like: the reference projects every row's text every step.
+            "--text_cache_entries=0"]
+
+
+def time_cpp(command: list[str]) -> dict:
     """step_bench's JSON line: times_ms, median_ms (and gemm_ms, gemm_calls with gemm_bound)."""
-    out = subprocess.run([step_bench, f"--checkpoint={checkpoint}", f"--dtype={dtype}",
-                          f"--inputs={inputs}", f"--threads={threads}", f"--repeats={repeats}",
-                          f"--gemm_bound={str(gemm_bound).lower()}",
-                          # Like for like: the reference projects every row's text every step.
-                          "--text_cache_entries=0"],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def time_in_turns(model, x: dict[str, torch.Tensor], command: list[str], repeats: int,
+                  gap: float) -> tuple[list[float], dict]:
+    """The reference's times and step_bench's JSON line, `repeats` runs each taken in turns (see
+    the module's doc): step_bench --paced runs one step per line it reads."""
+    proc = subprocess.Popen(command + ["--paced"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{command[0]} --paced: no warm-up")
+        ref = []
+        with torch.inference_mode():
+            run_case(model, x)  # the warm-up
+            for i in range(repeats):
+                for side in ("ref", "cpp") if i % 2 == 0 else ("cpp", "ref"):
+                    time.sleep(gap)
+                    if side == "cpp":
+                        proc.stdin.write("\n")
+                        proc.stdin.flush()
+                        proc.stdout.readline()  # its time, also in the final line
+                        continue
+                    start = time.perf_counter()
+                    run_case(model, x)
+                    ref.append((time.perf_counter() - start) * 1e3)
+        out, _ = proc.communicate(timeout=3600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{command[0]} --paced exited {proc.returncode}")
+    return ref, json.loads(out.strip().splitlines()[-1])
 
 
 def with_dtype(model, dtype: str):
@@ -159,6 +197,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gap", type=float, default=0.05,
+                   help="idle seconds before each timed run in turns")
+    p.add_argument("--no_turns", action="store_true",
+                   help="time each side's repeats all together, one side after the other")
     p.add_argument("--gemm_bound", action="store_true",
                    help="also time each side's GEMM calls alone (see above)")
     p.add_argument("--json", default="", help="also write the cells here")
@@ -173,7 +215,7 @@ def main() -> int:
           f"threads: {a.threads} | repeats: {a.repeats} | torch {torch.__version__}", flush=True)
     gemm_head = f" {'ref GEMM':>9} {'C++ GEMM':>9} {'C++/GEMM':>8}" if a.gemm_bound else ""
     print(f"{'config':6} {'layout':6} {'dtype':8} {'B':>2} {'ref ms':>10} {'C++ ms':>10} "
-          f"{'C++/ref':>8}{gemm_head}  (medians; spread = max/min of the repeats)", flush=True)
+          f"{'C++/ref':>8}{gemm_head}  (medians; C++/ref: of the pairs' ratios in turns; spread = max/min)", flush=True)
     cells = []
     reused = {}
     if a.reuse_reference:
@@ -196,15 +238,26 @@ def main() -> int:
                         x = case_inputs(model, case, a.seed)
                         inputs = os.path.join(tmp, f"{config}_{layout}_{batch}.safetensors")
                         save_file(x, inputs)
-                        ref = reused.get((config, layout, dtype, batch)) or time_reference(model, x, a.repeats)
-                        bench = time_cpp(a.step_bench, checkpoint, dtype, inputs, a.threads,
-                                         a.repeats, a.gemm_bound)
+                        command = step_bench_command(a.step_bench, checkpoint, dtype, inputs,
+                                                     a.threads, a.repeats, a.gemm_bound)
+                        turns = not (a.no_turns or reused)
+                        if turns:
+                            ref, bench = time_in_turns(model, x, command, a.repeats, a.gap)
+                        else:
+                            ref = reused.get((config, layout, dtype, batch)) or time_reference(model, x, a.repeats)
+                            bench = time_cpp(command)
                         cpp = bench["times_ms"]
                         cell = {"config": config, "layout": layout, "dtype": dtype, "batch": batch,
                                 "ref_reused": (config, layout, dtype, batch) in reused,
-                                "ref_ms": ref, "cpp_ms": cpp, "ref_median_ms": statistics.median(ref),
+                                "in_turns": turns, "ref_ms": ref, "cpp_ms": cpp,
+                                "ref_median_ms": statistics.median(ref),
                                 "cpp_median_ms": statistics.median(cpp)}
-                        cell["ratio"] = cell["cpp_median_ms"] / cell["ref_median_ms"]
+                        if turns:
+                            pairs = [c / r for c, r in zip(cpp, ref)]
+                            cell["pair_ratios"] = pairs
+                            cell["ratio"] = statistics.median(pairs)
+                        else:
+                            cell["ratio"] = cell["cpp_median_ms"] / cell["ref_median_ms"]
                         gemm_cols = ""
                         if a.gemm_bound:
                             cell["ref_gemm_ms"], cell["ref_gemm_calls"] = reference_gemm_ms(model, x, a.repeats)
@@ -216,8 +269,9 @@ def main() -> int:
                         print(f"{config:6} {layout:6} {dtype:8} {batch:>2} "
                               f"{cell['ref_median_ms']:>10.1f} {cell['cpp_median_ms']:>10.1f} "
                               f"{cell['ratio']:>8.2f}{gemm_cols}  (spread ref {max(ref) / min(ref):.2f}, "
-                              f"C++ {max(cpp) / min(cpp):.2f})"
-                              f"{' ref from --reuse_reference' if cell['ref_reused'] else ''}", flush=True)
+                              f"C++ {max(cpp) / min(cpp):.2f}"
+                              + (f"; pairs' C++/ref {min(pairs):.2f}-{max(pairs):.2f})" if turns else ")")
+                              + (" ref from --reuse_reference" if cell["ref_reused"] else ""), flush=True)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "cells": cells}, f, indent=1)

@@ -1,8 +1,8 @@
 // step_bench: times the server's StepRunner on one step file, for bench/compare_reference.py to put
 // beside the PyTorch reference's forward on the same checkpoint, inputs and thread count, or on
 // synthetic inputs of a layout, for bench/served_ratio.py to put beside the served step.
-// Prints one JSON line: {"times_ms": [...], "median_ms": m} (with --gemm_bound also "gemm_ms",
-// "gemm_calls", "gemm_gflop", "useful_gflop"). Not a test: nothing is asserted.
+// Prints one JSON line (last): {"times_ms": [...], "median_ms": m} (with --gemm_bound also
+// "gemm_ms", "gemm_calls", "gemm_gflop", "useful_gflop"). Not a test: nothing is asserted.
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
@@ -47,6 +47,10 @@ ABSL_FLAG(int64_t, text_cache_entries, 64,
 ABSL_FLAG(int64_t, rows, 1, "rows of the synthetic inputs (--layout)");
 ABSL_FLAG(int32_t, threads, 2, "LibTorch intra-op threads");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs (after one untimed warm-up run)");
+ABSL_FLAG(bool, paced, false,
+          "after the warm-up print \"ready\", then time one run per line read from stdin and "
+          "print its ms, until EOF (--repeats then counts only --gemm_bound's): "
+          "bench/compare_reference.py's runs in turns with the reference");
 ABSL_FLAG(bool, worker_thread, false,
           "run the steps on a second thread, as the server's batcher does (not the main thread "
           "that set the intra-op thread count)");
@@ -89,12 +93,23 @@ absl::Status Run() {
       OutputSelection::All(static_cast<int>(runner.config().encoder.tap_blocks.size()));
   PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());  // warm-up: builds the layout's masks
   std::vector<double> times;
-  for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
+  const auto timed_run = [&]() -> absl::Status {
     const auto start = std::chrono::steady_clock::now();
     PRAXIS_RETURN_IF_ERROR(runner.Run(in, all).status());
     times.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count());
+    return absl::OkStatus();
+  };
+  if (absl::GetFlag(FLAGS_paced)) {
+    std::cout << "ready" << std::endl;
+    for (std::string line; std::getline(std::cin, line);) {
+      PRAXIS_RETURN_IF_ERROR(timed_run());
+      std::cout << times.back() << std::endl;
+    }
+    if (times.empty()) return absl::InvalidArgumentError("--paced: no line read, no run timed");
+  } else {
+    for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) PRAXIS_RETURN_IF_ERROR(timed_run());
   }
   if (!absl::GetFlag(FLAGS_profile).empty()) {
     torch::autograd::profiler::RecordProfile trace(absl::GetFlag(FLAGS_profile));
