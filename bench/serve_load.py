@@ -5,12 +5,17 @@
         [--batching on,off] [--repeats 3] [--duration 6] [--threads 0] [--transport unary] [--server_flags='...']
         [--json out.json]
 
-For each (config, batching) one server process (the embedded tiny model, or configs/bench.json
-with deterministic random weights; batching off is --max_batch_size=1); for each (layout, callers)
-`--repeats` praxis-load runs of `--duration` seconds after a 2 s warm-up. Prints the CPU model, and
-per cell the median steps/s, the spread (max / min over the repeats), the median server CPU % (of
-one core, from /proc over the measured window) and the server's compute and queue p50. A benchmark,
-not a test: nothing is asserted.
+For each config one server process per batching value, all started together (the embedded tiny
+model, or configs/bench.json with deterministic random weights; batching off is
+--max_batch_size=1); for each layout `--repeats` rounds, each round one praxis-load run of
+`--duration` seconds (after a 2 s warm-up) per (batching, callers), taken in turns on the idle
+servers, in an order reversed every other round. Prints the CPU model, and per cell the median
+steps/s, the spread (max / min over the repeats), the median server CPU % (of one core, from /proc
+over the measured window) and the server's compute and queue p50; then per layout the ratios of
+runs in the same round: batching on / off at each callers count and the largest callers count /
+the smallest at each batching value (median, and min-max over the rounds), which this host's slow
+swings move far less than cells measured minutes apart. A benchmark, not a test: nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -83,6 +88,27 @@ def run_load(build: str, port: int, layout: str, callers: int, duration: float, 
             "errors": r["errors"]}
 
 
+def round_ratios(config: str, layout: str, runs: dict[tuple[str, int], list[dict]]) -> list[dict]:
+    """Printed and returned: steps/s ratios of runs in the same round, batching on / off per
+    callers count and most / fewest callers per batching value."""
+    out = []
+    batchings = sorted({b for b, _ in runs})
+    callers = sorted({c for _, c in runs})
+    comparisons = []
+    if {"on", "off"} <= set(batchings):
+        comparisons += [(f"on/off {c} callers", ("on", c), ("off", c)) for c in callers]
+    if len(callers) > 1:
+        comparisons += [(f"{callers[-1]}/{callers[0]} callers batching {b}", (b, callers[-1]), (b, callers[0]))
+                        for b in batchings]
+    for name, top, bottom in comparisons:
+        r = [t["rps"] / b["rps"] for t, b in zip(runs[top], runs[bottom])]
+        out.append({"config": config, "layout": layout, "ratio": name, "rounds": r,
+                    "median": statistics.median(r)})
+        print(f"  {config} {layout} {name}: {statistics.median(r):.2f} "
+              f"({min(r):.2f}-{max(r):.2f} over {len(r)} rounds)", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -105,33 +131,43 @@ def main() -> int:
           f"repeats: {a.repeats} x {a.duration:g} s", flush=True)
     print(f"{'config':6} {'layout':6} {'batch':5} {'callers':>7} {'steps/s':>8} {'spread':>6} "
           f"{'CPU%':>5} {'compute':>8} {'queue':>7}  (medians; compute/queue: server p50 ms)", flush=True)
-    cells = []
+    cells, pairs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs.split(","):
-            for batching in a.batching.split(","):
-                server = start_server(a.build, config, 8 if batching == "on" else 1, a.threads,
-                                      extra=tuple(a.server_flags.split()))
-                try:
-                    for layout in a.layouts.split(","):
-                        for callers in (int(c) for c in a.callers.split(",")):
-                            runs = [run_load(a.build, server.port, layout, callers, a.duration,
-                                             server.proc.pid, tmp, a.transport) for _ in range(a.repeats)]
-                            rps = [r["rps"] for r in runs]
-                            cell = {"config": config, "layout": layout, "batching": batching,
-                                    "callers": callers, "runs": runs, "rps_median": statistics.median(rps),
-                                    "rps_spread": max(rps) / min(rps),
-                                    "cpu_pct_median": statistics.median(r["cpu_pct"] for r in runs)}
-                            cells.append(cell)
-                            print(f"{config:6} {layout:6} {batching:5} {callers:>7} {cell['rps_median']:>8.1f} "
-                                  f"{cell['rps_spread']:>6.2f} {cell['cpu_pct_median']:>5.0f} "
-                                  f"{statistics.median(r['compute_p50_ms'] for r in runs):>8.1f} "
-                                  f"{statistics.median(r['queue_p50_ms'] for r in runs):>7.1f}", flush=True)
-                finally:
+            batchings = a.batching.split(",")
+            servers: dict[str, Server] = {}
+            try:
+                for batching in batchings:
+                    servers[batching] = start_server(a.build, config, 8 if batching == "on" else 1,
+                                                     a.threads, extra=tuple(a.server_flags.split()))
+                for layout in a.layouts.split(","):
+                    order = [(b, int(c)) for b in batchings for c in a.callers.split(",")]
+                    runs: dict[tuple[str, int], list[dict]] = {k: [] for k in order}
+                    for i in range(a.repeats):
+                        for batching, callers in order if i % 2 == 0 else order[::-1]:
+                            server = servers[batching]
+                            runs[(batching, callers)].append(
+                                run_load(a.build, server.port, layout, callers, a.duration,
+                                         server.proc.pid, tmp, a.transport))
+                    for (batching, callers), cell_runs in runs.items():
+                        rps = [r["rps"] for r in cell_runs]
+                        cell = {"config": config, "layout": layout, "batching": batching,
+                                "callers": callers, "runs": cell_runs, "rps_median": statistics.median(rps),
+                                "rps_spread": max(rps) / min(rps),
+                                "cpu_pct_median": statistics.median(r["cpu_pct"] for r in cell_runs)}
+                        cells.append(cell)
+                        print(f"{config:6} {layout:6} {batching:5} {callers:>7} {cell['rps_median']:>8.1f} "
+                              f"{cell['rps_spread']:>6.2f} {cell['cpu_pct_median']:>5.0f} "
+                              f"{statistics.median(r['compute_p50_ms'] for r in cell_runs):>8.1f} "
+                              f"{statistics.median(r['queue_p50_ms'] for r in cell_runs):>7.1f}", flush=True)
+                    pairs.extend(round_ratios(config, layout, runs))
+            finally:
+                for server in servers.values():
                     server.stop()
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"cpu": cpu, "threads": a.threads, "server_flags": a.server_flags,
-                       "cells": cells}, f, indent=1)
+                       "cells": cells, "round_ratios": pairs}, f, indent=1)
     return 0
 
 
