@@ -56,8 +56,9 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner
 
 }  // namespace
 
-void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                  std::vector<std::unique_ptr<batching::Task>> batch, AnswerPipeline* answers) {
+absl::Duration RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
+                            std::vector<std::unique_ptr<batching::Task>> batch,
+                            AnswerPipeline* answers) {
   std::vector<StepTask*> tasks;
   int64_t rows = 0;
   for (const auto& t : batch) {
@@ -87,9 +88,10 @@ void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
   };
   if (answers != nullptr && answers->Offer(answer)) {
     metrics.CountPipelinedAnswers();
-    return;
+    return compute;
   }
   std::move(answer)();
+  return compute;
 }
 
 }  // namespace praxis::serve

@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "model/step_runner.h"
 #include "server/answer_pipeline.h"
 #include "server/batching/task.h"
@@ -15,8 +16,9 @@ namespace praxis::serve {
 // the outputs it asked for. If the run fails, every task gets the model's error. Runs on a batcher
 // worker; the tasks must all be StepTasks. The answers are offered to `answers` (when not null),
 // which may run them on its own thread while the worker goes on; otherwise they run here.
-void RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                  std::vector<std::unique_ptr<batching::Task>> batch,
-                  AnswerPipeline* answers = nullptr);
+// Returns the model's time for the batch (what the batcher's sizer learns from).
+absl::Duration RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
+                            std::vector<std::unique_ptr<batching::Task>> batch,
+                            AnswerPipeline* answers = nullptr);
 
 }  // namespace praxis::serve

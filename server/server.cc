@@ -102,7 +102,7 @@ absl::Status PraxisServer::Start() {
   batcher_ = std::make_unique<batching::Batcher>(
       options_.batch,
       [this](std::vector<std::unique_ptr<batching::Task>> batch) {
-        RunStepBatch(*runner_, *metrics_, std::move(batch), answers_.get());
+        return RunStepBatch(*runner_, *metrics_, std::move(batch), answers_.get());
       },
       options_.workers);
   ServiceOptions service = options_.service;

@@ -15,7 +15,12 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 }  // namespace
 
 Batcher::Batcher(BatchOptions options, Runner runner, int workers, Clock* clock)
-    : options_(options), runner_(std::move(runner)), clock_(clock) {
+    : options_(options),
+      runner_(std::move(runner)),
+      clock_(clock),
+      sizer_({.max_rows = options.max_batch_rows,
+              .probe_every = options.batch_probe_every,
+              .max_keys = options.max_sized_layouts}) {
   waker_id_ = clock_->AddWaker([this] {
     absl::MutexLock lock(&mu_);
     wake_.SignalAll();
@@ -85,13 +90,15 @@ std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> Batcher::SweepLocked
   return dropped;
 }
 
-std::vector<std::unique_ptr<Task>> Batcher::TakeBatchLocked(const std::string& key) {
+std::vector<std::unique_ptr<Task>> Batcher::TakeBatchLocked(const std::string& key,
+                                                            int64_t queued_rows) {
   std::deque<Queued>& q = queues_[key];
   std::vector<std::unique_ptr<Task>> batch;
+  const int64_t max_rows = sizer_.TakeRows(key, queued_rows);
   int64_t rows = 0;
   double cost = 0;
   while (!q.empty() &&
-         (batch.empty() || (rows + q.front().task->rows() <= options_.max_batch_rows &&
+         (batch.empty() || (rows + q.front().task->rows() <= max_rows &&
                             cost + q.front().task->cost() <= options_.max_batch_cost))) {
     rows += q.front().task->rows();
     cost += q.front().task->cost();
@@ -123,13 +130,15 @@ void Batcher::WorkerLoop() {
           cost += t.task->cost();
           earliest_deadline = std::min(earliest_deadline, t.task->deadline());
         }
-        states.push_back({key, q.front().enqueued, rows, cost});
+        states.push_back({key, q.front().enqueued, rows, cost, sizer_.Rows(key)});
       }
       BatchOptions policy = options_;
       if (draining_) policy.max_queue_delay = absl::ZeroDuration();  // run everything now
       const BatchDecision d = NextBatch(states, now, policy);
       if (d.run) {
-        batch = TakeBatchLocked(*d.run);
+        const auto it = std::find_if(states.begin(), states.end(),
+                                     [&](const QueueState& q) { return q.key == *d.run; });
+        batch = TakeBatchLocked(*d.run, it->rows);
       } else if (draining_ && queues_.empty()) {
         exit = true;
       } else if (dropped.empty()) {
@@ -140,7 +149,7 @@ void Batcher::WorkerLoop() {
       }
     }
     for (auto& [task, why] : dropped) task->Fail(why);
-    if (!batch.empty()) runner_(std::move(batch));
+    if (!batch.empty()) RunBatch(std::move(batch));
     if (exit) {
       absl::MutexLock lock(&mu_);
       --running_workers_;
@@ -148,6 +157,21 @@ void Batcher::WorkerLoop() {
       return;
     }
   }
+}
+
+void Batcher::RunBatch(std::vector<std::unique_ptr<Task>> batch) {
+  if (options_.batch_probe_every <= 0) {
+    runner_(std::move(batch));
+    return;
+  }
+  const std::string key = batch.front()->layout_key();
+  int64_t rows = 0;
+  for (const auto& t : batch) rows += t->rows();
+  const absl::Time start = clock_->Now();
+  absl::Duration took = runner_(std::move(batch));
+  if (took <= absl::ZeroDuration()) took = clock_->Now() - start;
+  absl::MutexLock lock(&mu_);
+  sizer_.Observe(key, rows, took);
 }
 
 bool Batcher::Drain(absl::Duration grace) {

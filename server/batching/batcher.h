@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/batching/batch_policy.h"
+#include "server/batching/batch_sizer.h"
 #include "server/batching/clock.h"
 #include "server/batching/task.h"
 
@@ -34,12 +35,15 @@ struct BatcherStats {
 // Thread-safe. Submit never blocks: beyond the request or byte budget it refuses at once with
 // RESOURCE_EXHAUSTED (and UNAVAILABLE once draining). Before each batch, queued tasks whose
 // deadline passed are failed with DEADLINE_EXCEEDED and cancelled ones with CANCELLED; neither is
-// run. A batch holds tasks of one key, in arrival order, up to max_batch_rows rows and
+// run. A batch holds tasks of one key, in arrival order, up to max_batch_rows rows (or fewer,
+// as BatchSizer learns from the runner's compute time per batch when batch_probe_every > 0) and
 // max_batch_cost of work (a task larger than either runs alone); the runner receives ownership and
 // answers each task exactly once.
 class Batcher {
  public:
-  using Runner = std::function<void(std::vector<std::unique_ptr<Task>> batch)>;
+  // Runs a batch and answers its tasks; returns how long the batch kept the device busy (its
+  // compute, which the sizer learns from), or zero for the batcher to time the whole call.
+  using Runner = std::function<absl::Duration(std::vector<std::unique_ptr<Task>> batch)>;
 
   // Starts `workers` threads (one per device) that call `runner`. Arrival, deadlines, delays and
   // drain grace are read on `clock` (not owned; it must outlive the Batcher).
@@ -71,8 +75,10 @@ class Batcher {
   // Removes expired and cancelled tasks (returned to be failed outside the lock).
   std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> SweepLocked(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::unique_ptr<Task>> TakeBatchLocked(const std::string& key)
+  std::vector<std::unique_ptr<Task>> TakeBatchLocked(const std::string& key, int64_t queued_rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `batch` and tells the sizer how long it computed.
+  void RunBatch(std::vector<std::unique_ptr<Task>> batch);
   void Forget(const Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatchOptions options_;
@@ -81,6 +87,7 @@ class Batcher {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::map<std::string, std::deque<Queued>> queues_ ABSL_GUARDED_BY(mu_);
+  BatchSizer sizer_ ABSL_GUARDED_BY(mu_);
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

@@ -168,6 +168,13 @@ def test_server_thread_probe():
         assert "praxis_intra_op_thread_switches_total 0\n" in page, (flags, page)
 
 
+def test_server_batch_probe_every_refused_when_negative():
+    """--batch_probe_every: a negative value is refused naming the flag (0 turns the sizer off)."""
+    from server_process import SERVER
+    r = run(SERVER, "--port=0", "--metrics_port=-1", "--batch_probe_every=-1")
+    assert r.returncode != 0 and "--batch_probe_every must be >= 0, got -1" in r.stderr, r
+
+
 def test_server_text_cache():
     """--text_cache_entries: a negative value is refused naming the flag; served steps that repeat
     an instruction reuse its projection (the metrics say so), and 0 turns the cache off."""

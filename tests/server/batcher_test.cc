@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/batching/batch_policy.h"
+#include "server/batching/batch_sizer.h"
 #include "server/batching/clock.h"
 
 namespace praxis::batching {
@@ -50,6 +52,125 @@ TEST(NextBatchTest, ClosesOnCost) {
   EXPECT_EQ(NextBatch(q, kT0, o).run, "a") << "a full batch's worth of work runs at once";
   const std::vector<QueueState> cheap = {{"a", kT0, 2, 4.0}};
   EXPECT_FALSE(NextBatch(cheap, kT0, o).run);
+}
+
+TEST(NextBatchTest, AQueueIsFullAtItsOwnSize) {
+  const BatchOptions o{.max_batch_rows = 8, .max_queue_delay = absl::Milliseconds(10)};
+  const std::vector<QueueState> q = {{"a", kT0, 2, 0, /*max_rows=*/2}};
+  EXPECT_EQ(NextBatch(q, kT0, o).run, "a") << "the sizer holds this layout to 2 rows";
+  const std::vector<QueueState> unsized = {{"a", kT0, 2}};
+  EXPECT_FALSE(NextBatch(unsized, kT0, o).run);
+}
+
+// A closed loop as the sizer sees it: `queued` rows always wait, and a batch of n rows takes
+// took(n). Returns the sizes of the last `tail` batches of `batches`.
+template <typename Took>
+std::vector<int64_t> Drive(BatchSizer& sizer, const std::string& key, int64_t queued, int batches,
+                           Took took, int tail = 16) {
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < batches; ++i) {
+    const int64_t n = std::min(queued, sizer.TakeRows(key, queued));
+    sizer.Observe(key, n, took(n));
+    if (i >= batches - tail) sizes.push_back(n);
+  }
+  return sizes;
+}
+
+int64_t Count(const std::vector<int64_t>& sizes, int64_t n) {
+  return std::count(sizes.begin(), sizes.end(), n);
+}
+
+// Rows that cost the same alone as together (the medium layout on 2 cores: 25 ms a row at B1 and
+// at B8): its batches come down to single rows, but for the probes.
+TEST(BatchSizerTest, ALayoutThatBatchingDoesNotSpeedUpRunsARowAtATime) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 4});
+  EXPECT_EQ(sizer.Rows("medium"), 8) << "a layout never measured may fill a batch";
+  const auto tail =
+      Drive(sizer, "medium", 8, 200, [](int64_t n) { return n * absl::Milliseconds(25); });
+  EXPECT_EQ(sizer.Rows("medium"), 1);
+  EXPECT_EQ(Count(tail, 1), 12) << "one batch in 4 probes 2 rows";
+  EXPECT_EQ(Count(tail, 2), 4);
+}
+
+// Rows that batching amortises (a fixed cost per batch, as a short layout's): full batches stay.
+TEST(BatchSizerTest, ALayoutThatBatchingSpeedsUpKeepsFullBatches) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 4});
+  const auto tail = Drive(sizer, "small", 8, 200, [](int64_t n) {
+    return absl::Milliseconds(3) + n * absl::Milliseconds(1);
+  });
+  EXPECT_EQ(sizer.Rows("small"), 8);
+  EXPECT_EQ(Count(tail, 8), 12);
+  EXPECT_EQ(Count(tail, 4), 4) << "the probes of the size below";
+}
+
+// Within the tolerance the smaller size wins (its callers wait less); past it, the faster one.
+TEST(BatchSizerTest, TheFewestRowsWithinTheToleranceOfTheBest) {
+  const auto per_row_at_8 = [](double eight_vs_four) {
+    return [=](int64_t n) {
+      return n >= 8 ? absl::Milliseconds(10 * 8 / eight_vs_four) : n * absl::Milliseconds(10);
+    };
+  };
+  BatchSizer close({.max_rows = 8, .probe_every = 2});
+  Drive(close, "a", 8, 100, per_row_at_8(1.05));  // 8 rows only 5 % faster per row than 4
+  EXPECT_EQ(close.Rows("a"), 1) << "1, 2 and 4 rows are alike, 8 within the tolerance";
+  BatchSizer far({.max_rows = 8, .probe_every = 2});
+  Drive(far, "a", 8, 100, per_row_at_8(1.5));
+  EXPECT_EQ(far.Rows("a"), 8);
+}
+
+// The machine's speed or load changes: a layout held to single rows climbs back, a probe at a
+// time, once larger batches pay; and back down when they stop paying.
+TEST(BatchSizerTest, FollowsTheCostWhenItChanges) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 4});
+  const auto flat = [](int64_t n) { return n * absl::Milliseconds(25); };
+  const auto amortised = [](int64_t n) {
+    return absl::Milliseconds(20) + n * absl::Milliseconds(5);
+  };
+  Drive(sizer, "a", 8, 100, flat);
+  ASSERT_EQ(sizer.Rows("a"), 1);
+  Drive(sizer, "a", 8, 200, amortised);
+  EXPECT_EQ(sizer.Rows("a"), 8);
+  Drive(sizer, "a", 8, 300, flat);
+  EXPECT_EQ(sizer.Rows("a"), 1);
+}
+
+// A short queue is never probed above what it holds: its batches are measured as they come.
+TEST(BatchSizerTest, NeverProbesAboveTheQueue) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 1});
+  const auto tail = Drive(sizer, "a", 1, 50, [](int64_t) { return absl::Milliseconds(5); });
+  EXPECT_EQ(Count(tail, 1), 16);
+  EXPECT_EQ(sizer.Rows("a"), 1);
+  EXPECT_EQ(sizer.TakeRows("a", 3), 2) << "a deeper queue: the probe of the size above";
+}
+
+// One batch may meet a noisy moment of the host: a size counts once measured twice.
+TEST(BatchSizerTest, OneFastBatchDoesNotMoveTheSize) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 1000});
+  for (int i = 0; i < 3; ++i) sizer.Observe("a", 8, absl::Milliseconds(10));
+  sizer.Observe("a", 4, absl::Milliseconds(2));
+  EXPECT_EQ(sizer.Rows("a"), 8);
+  sizer.Observe("a", 4, absl::Milliseconds(2));
+  EXPECT_EQ(sizer.Rows("a"), 4);
+}
+
+TEST(BatchSizerTest, OffEveryBatchMayFill) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 0});
+  Drive(sizer, "a", 8, 50, [](int64_t n) { return n * absl::Milliseconds(25); });
+  EXPECT_EQ(sizer.Rows("a"), 8);
+  EXPECT_EQ(sizer.TakeRows("a", 8), 8);
+}
+
+// Layouts are the clients' to choose: the sizes of at most max_keys are remembered.
+TEST(BatchSizerTest, RemembersAtMostMaxKeysLayouts) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 4, .max_keys = 2});
+  const auto flat = [](int64_t n) { return n * absl::Milliseconds(25); };
+  Drive(sizer, "a", 8, 100, flat);
+  Drive(sizer, "b", 8, 100, flat);
+  ASSERT_EQ(sizer.Rows("a"), 1);
+  Drive(sizer, "c", 8, 100, flat);  // "a" was used least recently
+  EXPECT_EQ(sizer.Rows("a"), 8) << "forgotten: measured again from full batches";
+  EXPECT_EQ(sizer.Rows("b"), 1);
+  EXPECT_EQ(sizer.Rows("c"), 1);
 }
 
 // A task that records its final answer.
@@ -105,7 +226,7 @@ class ProxyTask : public Task {
 
 // Records each batch as (key, rows per task) and completes its tasks.
 struct RecordingRunner {
-  void operator()(std::vector<std::unique_ptr<Task>> batch) {
+  absl::Duration operator()(std::vector<std::unique_ptr<Task>> batch) {
     std::vector<int64_t> rows;
     for (auto& t : batch) rows.push_back(t->rows());
     {
@@ -114,6 +235,7 @@ struct RecordingRunner {
     }
     if (gate) gate->WaitForNotification();
     for (auto& t : batch) static_cast<ProxyTask*>(t.get())->target()->Complete();
+    return absl::ZeroDuration();
   }
   absl::Mutex mu;
   std::vector<std::pair<std::string, std::vector<int64_t>>> batches;
@@ -367,6 +489,68 @@ TEST(BatcherTest, ManyConcurrentSubmittersEachAnsweredExactlyOnce) {
   bool some_batch_above_one = false;
   for (const auto& [key, rows] : runner.batches) some_batch_above_one |= rows.size() > 1;
   EXPECT_TRUE(some_batch_above_one);
+}
+
+// The sizer in the batcher: a runner whose rows compute for 10 ms each however they are batched,
+// and then take a second of the batcher's clock to answer. The sizer learns from the compute the
+// runner reports (the clock would favour full batches): batches of a deep queue shrink to single
+// rows.
+TEST(BatcherTest, BatchesOfALayoutThatDoesNotBatchShrinkToSingleRows) {
+  FakeClock clock;
+  std::vector<int64_t> sizes;
+  absl::Mutex mu;
+  absl::Notification all_queued;  // the first batch waits for the rest to queue behind it
+  auto runner = [&](std::vector<std::unique_ptr<Task>> batch) {
+    all_queued.WaitForNotification();
+    int64_t rows = 0;
+    for (auto& t : batch) rows += t->rows();
+    clock.Advance(rows * absl::Milliseconds(10) + absl::Seconds(1));
+    {
+      absl::MutexLock lock(&mu);
+      sizes.push_back(rows);
+    }
+    for (auto& t : batch) static_cast<ProxyTask*>(t.get())->target()->Complete();
+    return rows * absl::Milliseconds(10);
+  };
+  std::vector<FakeTask*> tasks;
+  {
+    Batcher b({.max_batch_rows = 8, .max_queue_requests = 4096, .batch_probe_every = 2}, runner,
+              /*workers=*/1, &clock);
+    for (int i = 0; i < 200; ++i) tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 1)));
+    all_queued.Notify();
+    for (FakeTask* t : tasks)
+      ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
+  absl::MutexLock lock(&mu);
+  ASSERT_GE(sizes.size(), 20u);
+  EXPECT_EQ(*std::max_element(sizes.begin(), sizes.begin() + 4), 8)
+      << "unmeasured, a batch of the deep queue fills";
+  int64_t single = 0;
+  for (size_t i = sizes.size() - 10; i < sizes.size(); ++i) single += sizes[i] == 1;
+  EXPECT_GE(single, 5) << "the last ten batches: single rows but for probes of 2";
+}
+
+TEST(BatcherTest, ConcurrentSubmittersWithTheSizerEachAnsweredExactlyOnce) {
+  RecordingRunner runner;
+  std::vector<FakeTask*> tasks(64);
+  {
+    Batcher b(
+        {.max_batch_rows = 4, .max_queue_delay = absl::Milliseconds(2), .batch_probe_every = 1},
+        std::ref(runner), 2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i) {
+      threads.emplace_back([&, i] {
+        for (int j = 0; j < 8; ++j) {
+          tasks[i * 8 + j] = Submit(b, std::make_unique<FakeTask>("k" + std::to_string(j % 3), 1));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (FakeTask* t : tasks)
+      ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  for (FakeTask* t : tasks) EXPECT_EQ(t->answers, 1);
 }
 
 }  // namespace
