@@ -89,8 +89,15 @@ void BatchSizer::Observe(const std::string& key, int64_t rows, absl::Duration to
   Key& k = Find(key);
   Measured& m = k.sizes[SizeIndex(rows)];
   const double rate = static_cast<double>(rows) / absl::ToDoubleSeconds(took);
-  m.rows_per_second =
-      m.samples == 0 ? rate : m.rows_per_second + kNewWeight * (rate - m.rows_per_second);
+  if (m.samples == 0) {
+    m.rows_per_second = rate;
+  } else if (m.samples == 1) {
+    // The better of the first two: a size's first batch may have paid for its warm-up (on a GPU,
+    // its graph's capture).
+    m.rows_per_second = std::max(m.rows_per_second, rate);
+  } else {
+    m.rows_per_second += kNewWeight * (rate - m.rows_per_second);
+  }
   ++m.samples;
   Choose(k);
 }
