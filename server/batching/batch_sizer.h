@@ -9,8 +9,9 @@
 
 namespace praxis::batching {
 
-// Learns, per layout key, how many rows its batches should hold: the fewest whose measured rows
-// per second of the worker's time come within `tolerance` of the best size measured for that key.
+// Learns, per layout key, how many rows its batches should hold: the fewest whose rows per second
+// of compute (as the runner reports it) come within `tolerance` of the best size measured for that
+// key.
 // Where batching amortises (a short layout: a batch of 8 computes 2x the rows per second of one
 // row) the batches stay full; where it does not (a long layout on a CPU, whose rows cost the same
 // alone as together) they shrink to single rows, so that callers are answered a row at a time and
@@ -36,7 +37,7 @@ class BatchSizer {
   // The size `key`'s batches are held to now (max_rows for a key never seen): what a queue must
   // hold to be full.
   int64_t Rows(const std::string& key) const;
-  // A batch of `rows` rows of `key` kept the worker busy for `took` (ignored when not positive).
+  // A batch of `rows` rows of `key` computed for `took` (ignored when not positive).
   void Observe(const std::string& key, int64_t rows, absl::Duration took);
 
  private:
