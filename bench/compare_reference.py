@@ -72,15 +72,17 @@ def write_checkpoint(model, config_path: str, out: str) -> None:
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
+def reference_ms(model, x: dict[str, torch.Tensor]) -> float:
+    """One reference forward's time in ms (the caller holds inference mode)."""
+    start = time.perf_counter()
+    run_case(model, x)
+    return (time.perf_counter() - start) * 1e3
+
+
 def time_reference(model, x: dict[str, torch.Tensor], repeats: int) -> list[float]:
     with torch.inference_mode():
         run_case(model, x)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run_case(model, x)
-            times.append((time.perf_counter() - start) * 1e3)
-    return times
+        return [reference_ms(model, x) for _ in range(repeats)]
 
 
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
@@ -163,14 +165,12 @@ def time_in_turns(model, x: dict[str, torch.Tensor], command: list[str], repeats
             for i in range(repeats):
                 for side in ("ref", "cpp") if i % 2 == 0 else ("cpp", "ref"):
                     time.sleep(gap)
-                    if side == "cpp":
+                    if side == "ref":
+                        ref.append(reference_ms(model, x))
+                    else:
                         proc.stdin.write("\n")
                         proc.stdin.flush()
                         proc.stdout.readline()  # its time, also in the final line
-                        continue
-                    start = time.perf_counter()
-                    run_case(model, x)
-                    ref.append((time.perf_counter() - start) * 1e3)
         out, _ = proc.communicate(timeout=3600)
     finally:
         if proc.poll() is None:
