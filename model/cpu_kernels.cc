@@ -1365,12 +1365,15 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   torch::Tensor kt = torch::empty({b, kvh, hd, ldk}, torch::kFloat32);
   kt.narrow(3, kv_len, ldk - kv_len).zero_();
   kt.narrow(3, 0, kv_len).copy_(k.transpose(2, 3));
+  // Float32 values of a lane-multiple head width are read where they lie (a strided view of the
+  // stacked projection), their rows `ldv` apart.
   torch::Tensor vf = v;
-  if (hdp != hd || v.scalar_type() != torch::kFloat32 || !v.is_contiguous()) {
+  if (hdp != hd || v.scalar_type() != torch::kFloat32 || v.stride(3) != 1) {
     vf = hdp == hd ? torch::empty({b, kvh, kv_len, hdp}, torch::kFloat32)
                    : torch::zeros({b, kvh, kv_len, hdp}, torch::kFloat32);
     vf.narrow(3, 0, hd).copy_(v);
   }
+  const int64_t ldv = vf.stride(2), svb = vf.stride(0), svh = vf.stride(1);
   torch::Tensor out = HeadsOutTensor(q, gate);
   const int64_t widest = WidestSegment(tiles);
   const int64_t tasks = RowTaskCount(tiles, b, h, kAttentionRows);
@@ -1398,7 +1401,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
         if (rows <= 0) continue;
         const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
         const float* kth = ktp + (bi * kvh + hi / group) * hd * ldk;
-        const float* vh = vfp + (bi * kvh + hi / group) * kv_len * hdp;
+        const float* vh = vfp + bi * svb + hi / group * svh;
         // Rows past `rows` score 0 against every key: finite, and never stored.
         std::fill(qf.begin(), qf.end(), 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
@@ -1424,7 +1427,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                                  masked ? mask + (r0 + r) * padded : nullptr, factor, &m[r0 + r],
                                  &l[r0 + r], p.data() + r * padded);
             }
-            product(p.data(), padded, vh + seg.start * hdp, hdp, seg.length, hdp,
+            product(p.data(), padded, vh + seg.start * ldv, ldv, seg.length, hdp,
                     acc.data() + r0 * hdp, hdp, alpha.data());
           }
         }

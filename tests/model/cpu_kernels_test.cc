@@ -515,6 +515,10 @@ TEST(TileAttentionTest, LaterSegmentsFarAboveTheRowsMaxSoFar) {
     // k and v also as views whose last stride is not 1 (only q's must be).
     const torch::Tensor kt = kd.transpose(2, 3).contiguous().transpose(2, 3);
     const torch::Tensor vt = vd.transpose(2, 3).contiguous().transpose(2, 3);
+    // v as the model passes it: rows of a wider projection (read in place in float32).
+    const torch::Tensor wide = torch::randn({1, keys, hd + 40}).to(dt);
+    wide.narrow(2, 24, hd).copy_(vd[0][0]);
+    const torch::Tensor vrows = wide.narrow(2, 24, hd).unsqueeze(1);
     for (auto isa :
          {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kAvx512, cpu::AttentionIsa::kPortable}) {
       const double tol = dt == torch::kFloat32 ? 1e-5 : 3e-2;
@@ -522,6 +526,8 @@ TEST(TileAttentionTest, LaterSegmentsFarAboveTheRowsMaxSoFar) {
           << int(isa) << dt;
       EXPECT_LE(MaxAbsDiff(cpu::TileAttention(qd, kt, vt, tiles, 0.125, isa), want), tol)
           << int(isa) << dt << " strided k, v";
+      EXPECT_LE(MaxAbsDiff(cpu::TileAttention(qd, kd, vrows, tiles, 0.125, isa), want), tol)
+          << int(isa) << dt << " v rows of a wider tensor";
     }
   }
 }
