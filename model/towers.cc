@@ -37,7 +37,8 @@ torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
       .view(tokens.sizes());
 }
 
-torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
+// x + the block's attention over u_in (x normalised).
+torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw, const torch::Tensor& x,
                         const torch::Tensor& u_in) {
   RECORD_FUNCTION("praxis::attention", std::vector<c10::IValue>());
   const BackboneConfig& c = ctx.config;
@@ -79,12 +80,12 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
       o = (o.transpose(1, 2) * torch::sigmoid(qkvg[3]).unsqueeze(-1)).reshape({b, t, h * hd});
     }
   }
-  return Linear(o, bw.out_w, bw.out_b);
+  return LinearAdd(o, bw.out_w, bw.out_b, x);
 }
 
 torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tensor x) {
   const BackboneConfig& c = ctx.config;
-  x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
+  x = Attention(ctx, bw, x, RmsNormWith(x, bw.norm1, c.norm_eps));
   const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
   RECORD_FUNCTION(bw.moe ? "praxis::moe" : "praxis::ffn", std::vector<c10::IValue>());
   if (bw.moe) return Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale, MoeDispatch::kAuto, x);
