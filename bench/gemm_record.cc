@@ -20,9 +20,8 @@ std::vector<GemmCall>* recording ABSL_GUARDED_BY(mu) = nullptr;
 
 std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
   const std::string_view name = fn.name();
-  const int operands = name == "aten::mm" || name == "aten::bmm" ? 2
-                       : name == "aten::addmm" || name == "aten::addmm_" || name == "aten::baddbmm"
-                           ? 3
+  const int operands = name == "aten::mm" || name == "aten::bmm"          ? 2
+                       : name == "aten::addmm" || name == "aten::baddbmm" ? 3
                        : name == "praxis::mkl_bf16_gemm"  // (x, w) or (b, x, w)
                            ? static_cast<int>(fn.inputs().size())
                            : name == "praxis::sgemm" ? 2 : 0;
@@ -97,9 +96,7 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
       torch::mm(a[0], a[1]);
     } else if (op == "aten::bmm") {
       torch::bmm(a[0], a[1]);
-    } else if (op == "aten::addmm" || op == "aten::addmm_") {
-      // The in-place one (model::LinearAdd's, onto the residual) out of place: a replay's
-      // operands of one layout are one tensor, which it would write while reading.
+    } else if (op == "aten::addmm") {
       torch::addmm(a[0], a[1], a[2]);
     } else if (op == "praxis::mkl_bf16_gemm") {
       if (a.size() == 3) {

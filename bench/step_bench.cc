@@ -55,8 +55,7 @@ ABSL_FLAG(bool, worker_thread, false,
           "run the steps on a second thread, as the server's batcher does (not the main thread "
           "that set the intra-op thread count)");
 ABSL_FLAG(bool, gemm_bound, false,
-          "also record the GEMM calls (LibTorch's mm, addmm (also in place), bmm, baddbmm; MKL's "
-          "bf16 one) of "
+          "also record the GEMM calls (LibTorch's mm, addmm, bmm, baddbmm; MKL's bf16 one) of "
           "one step, on every thread, and time them alone in this run (same threads, operands of "
           "the same sizes, strides and dtype): the issue's bound for a GEMM-bound cell is step "
           "<= 1.15 x that");

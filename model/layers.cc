@@ -79,20 +79,6 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
   return torch::linear(xd, w, b);
 }
 
-torch::Tensor LinearAdd(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                        const torch::Tensor& residual) {
-  const auto f32 = torch::kFloat32;
-  if (x.is_cuda() || x.scalar_type() != f32 || w.scalar_type() != f32 ||
-      residual.scalar_type() != f32 || (b.defined() && b.scalar_type() != f32) ||
-      residual.size(-1) != w.size(0) || residual.numel() / w.size(0) != x.numel() / w.size(1)) {
-    return residual + Linear(x, w, b);
-  }
-  torch::Tensor y = b.defined() ? residual + b : residual.clone();
-  if (!y.is_contiguous()) return residual + Linear(x, w, b);
-  y.view({-1, w.size(0)}).addmm_(x.reshape({-1, w.size(1)}), w.t());
-  return y;
-}
-
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return RmsNormWith(x, NormWeight(weight), eps);
 }

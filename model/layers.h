@@ -15,11 +15,6 @@ inline constexpr int64_t kRowStride = 360;
 // y = x·Wᵀ + b in the weight's dtype (x is cast to it); `b` may be undefined.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
 
-// residual + Linear(x, w, b) in w's dtype. A CPU float32 one adds the product onto residual + b
-// in the GEMM (one pass over the rows less than the sum after it: a block's residual adds).
-torch::Tensor LinearAdd(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                        const torch::Tensor& residual);
-
 // Zero-centred RMS norm: x·rsqrt(mean(x²) + eps)·(1 + weight) in float32, returned in x's dtype.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 

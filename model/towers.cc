@@ -37,8 +37,7 @@ torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
       .view(tokens.sizes());
 }
 
-// x + the block's attention over u_in (x normalised).
-torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw, const torch::Tensor& x,
+torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
                         const torch::Tensor& u_in) {
   RECORD_FUNCTION("praxis::attention", std::vector<c10::IValue>());
   const BackboneConfig& c = ctx.config;
@@ -80,12 +79,12 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw, const t
       o = (o.transpose(1, 2) * torch::sigmoid(qkvg[3]).unsqueeze(-1)).reshape({b, t, h * hd});
     }
   }
-  return LinearAdd(o, bw.out_w, bw.out_b, x);
+  return Linear(o, bw.out_w, bw.out_b);
 }
 
 torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tensor x) {
   const BackboneConfig& c = ctx.config;
-  x = Attention(ctx, bw, x, RmsNormWith(x, bw.norm1, c.norm_eps));
+  x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
   const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
   RECORD_FUNCTION(bw.moe ? "praxis::moe" : "praxis::ffn", std::vector<c10::IValue>());
   if (bw.moe) return Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale, MoeDispatch::kAuto, x);

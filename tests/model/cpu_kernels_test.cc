@@ -66,31 +66,6 @@ TEST(CpuKernelsTest, NormRopeHeadsEqualsNormThenRotaryThenTranspose) {
   EXPECT_LE(MaxAbsDiff(plain, ApplyRope(x, rope).transpose(1, 2)), 1e-5);
 }
 
-TEST(CpuKernelsTest, LinearAddIsTheResidualPlusTheLinear) {
-  // A block's output projection and residual add: [B, T, in] rows onto a [B, T, out] residual.
-  torch::manual_seed(4);
-  const torch::Tensor x = torch::randn({2, 5, 24}), w = torch::randn({16, 24}) / 5;
-  const torch::Tensor b = torch::randn({16}), residual = torch::randn({2, 5, 16});
-  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {
-    const torch::Tensor xd = x.to(dt), wd = w.to(dt), bd = b.to(dt), rd = residual.to(dt);
-    const double tol = dt == torch::kFloat32 ? 1e-5 : 0.05;
-    for (const torch::Tensor& bias : {bd, torch::Tensor()}) {
-      const torch::Tensor want = rd + torch::nn::functional::linear(xd, wd, bias);
-      const torch::Tensor got = LinearAdd(xd, wd, bias, rd);
-      EXPECT_EQ(got.sizes(), want.sizes());
-      EXPECT_EQ(got.scalar_type(), dt);
-      EXPECT_LE(MaxAbsDiff(got, want), tol) << dt << " bias " << bias.defined();
-    }
-    // The residual is read, never written; a strided one (a narrowed run of tokens) too.
-    const torch::Tensor wide = torch::randn({2, 7, 16}).to(dt);
-    const torch::Tensor before = wide.clone();
-    const torch::Tensor got = LinearAdd(xd, wd, bd, wide.narrow(1, 1, 5));
-    EXPECT_LE(MaxAbsDiff(got, wide.narrow(1, 1, 5) + torch::nn::functional::linear(xd, wd, bd)),
-              tol);
-    EXPECT_TRUE(torch::equal(wide, before)) << dt;
-  }
-}
-
 TEST(CpuKernelsTest, KernelsRefuseWhatTheyWereNotWrittenFor) {
   const torch::Tensor x = torch::randn({4, 8});
   EXPECT_THROW(cpu::RmsNorm(x, torch::ones({7}), 1e-6), c10::Error);
