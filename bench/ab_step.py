@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Two step_bench binaries (two builds of the server's StepRunner) on the same step, in turns.
+
+    ab_step.py --a /tmp/step_bench.before --b build/bench/step_bench [--pairs 30] [--gap 0.05]
+        -- --config configs/bench.json --dtype float32 --layout 32,6,8,2,1 --rows 8 --worker_thread
+
+What a change to the model did, on a host whose speed moves 1.5-2x within minutes
+(docs/benchmarks.md, stop 40): both binaries start with the same step_bench arguments (those after
+`--`) and `--paced`, warm up, then run one step each per pair, which goes first alternating, each
+after `--gap` idle seconds (the other's OpenMP threads stop spinning). Prints both sides' median
+ms and B / A as the median of the pairs' ratios with their range. A benchmark, not a test: nothing
+is asserted. Copy the first build's binary aside before rebuilding (cp build/bench/step_bench
+/tmp/step_bench.before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+
+def start(binary: str, args: list[str]) -> subprocess.Popen:
+    """A step_bench --paced child, past its warm-up."""
+    proc = subprocess.Popen([binary, "--paced", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"{binary} --paced: no warm-up (exit {proc.wait()})")
+    return proc
+
+
+def step_ms(proc: subprocess.Popen, gap: float) -> float:
+    time.sleep(gap)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    return float(proc.stdout.readline())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", required=True, help="step_bench of the baseline build")
+    p.add_argument("--b", required=True, help="step_bench of the build under test")
+    p.add_argument("--pairs", type=int, default=30)
+    p.add_argument("--gap", type=float, default=0.05, help="idle seconds before each step")
+    p.add_argument("step_bench_args", nargs="*", help="after --: both binaries' arguments")
+    a = p.parse_args()
+    if a.pairs < 1:
+        p.error("--pairs: expected at least 1")
+    procs = [start(a.a, a.step_bench_args), start(a.b, a.step_bench_args)]
+    times: list[list[float]] = [[], []]
+    try:
+        for i in range(a.pairs):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                times[side].append(step_ms(procs[side], a.gap))
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=600)
+    ratios = [b / x for x, b in zip(*times)]
+    print(f"A {statistics.median(times[0]):.2f} ms  B {statistics.median(times[1]):.2f} ms  "
+          f"B/A {statistics.median(ratios):.3f} (pairs {min(ratios):.3f}-{max(ratios):.3f}, "
+          f"{a.pairs} pairs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
