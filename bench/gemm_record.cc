@@ -10,6 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/stats.h"
 #include "model/cpu_kernels.h"
 
 namespace praxis::bench {
@@ -131,8 +132,7 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count());
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 }  // namespace praxis::bench

@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/small_layout.h"
+#include "bench/stats.h"
 #include "common/flag_lists.h"
 #include "common/status_macros.h"
 #include "model/model_loader.h"
@@ -64,11 +65,6 @@ int CudaIndex(const torch::Device& d) { return d.index() < 0 ? 0 : d.index(); }
 
 void Sync(const torch::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(CudaIndex(d));
-}
-
-double Percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
 // The bf16 matmul rate of `d` in TFLOP/s: 3 untimed, then 10 timed products of n x n by n x n.
@@ -132,9 +128,9 @@ Json TimeGraphs(VideoBackbone& model, const StepInputs& host_in, int repeats) {
   if (!eager.ok() || !graph.ok()) {
     return {{"error", (eager.ok() ? graph.status() : eager.status()).ToString()}};
   }
-  const double e = Percentile(*eager, 0.5), g = Percentile(*graph, 0.5);
+  const double e = bench::Median(*eager), g = bench::Median(*graph);
   return {{"capture_ms", capture_ms},  {"eager_host_inputs_p50_ms", e},
-          {"graph_p50_ms", g},         {"graph_p90_ms", Percentile(*graph, 0.9)},
+          {"graph_p50_ms", g},         {"graph_p90_ms", bench::Quantile(*graph, 0.9)},
           {"eager_over_graph", e / g}, {"graph_bytes", graphs.stats().cache.bytes}};
 }
 
@@ -158,10 +154,10 @@ Json TimeLayout(VideoBackbone& model, const WindowLayout& layout, int64_t rows, 
   WindowLayout counted = layout;
   counted.registers = model.config().num_registers;
   const double flops = ComputeStepCost(model.config(), counted, /*decode=*/true, rows).flops;
-  const double p50 = Percentile(*ms, 0.5), tflops = flops / (p50 / 1e3) / 1e12;
+  const double p50 = bench::Median(*ms), tflops = flops / (p50 / 1e3) / 1e12;
   Json j = {{"cold_ms", cold_ms},
             {"p50_ms", p50},
-            {"p90_ms", Percentile(*ms, 0.9)},
+            {"p90_ms", bench::Quantile(*ms, 0.9)},
             {"useful_tflop", flops / 1e12},
             {"useful_tflops", tflops},
             {"fraction_of_gemm", tflops / gemm}};

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/small_layout.h"
+#include "bench/stats.h"
 #include "model/backbone.h"
 #include "model/cpu_kernels.h"
 #include "model/layers.h"
@@ -131,15 +132,11 @@ void BM_StepBesideMatmul(benchmark::State& state) {
     p6.push_back(step_rates.back() / gemm_rates.back());
     before = after;
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  state.counters["P6"] = median(p6);
+  state.counters["P6"] = bench::Median(p6);
   state.counters["P6_min"] = p6.empty() ? 0.0 : *std::min_element(p6.begin(), p6.end());
   state.counters["P6_max"] = p6.empty() ? 0.0 : *std::max_element(p6.begin(), p6.end());
-  state.counters["step_GFLOP/s"] = median(step_rates);
-  state.counters["bf16_GEMM_GFLOP/s"] = median(gemm_rates);
+  state.counters["step_GFLOP/s"] = bench::Median(step_rates);
+  state.counters["bf16_GEMM_GFLOP/s"] = bench::Median(gemm_rates);
 }
 BENCHMARK(BM_StepBesideMatmul)->Unit(benchmark::kMillisecond)->Iterations(5)->UseManualTime();
 

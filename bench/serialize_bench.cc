@@ -19,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/stats.h"
 #include "model/config.h"
 #include "model/cpu_runtime.h"
 #include "model/masks.h"
@@ -120,8 +121,8 @@ Figure Time(const std::function<int64_t()>& run) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     gbps.push_back(static_cast<double>(bytes) / s / 1e9);
   }
-  std::sort(gbps.begin(), gbps.end());
-  return {gbps[gbps.size() / 2], gbps.back() / gbps.front()};
+  const auto [least, most] = std::minmax_element(gbps.begin(), gbps.end());
+  return {bench::Median(gbps), *most / *least};
 }
 
 void Run() {

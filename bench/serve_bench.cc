@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "bench/small_layout.h"
+#include "bench/stats.h"
 #include "client/praxis_client.h"
 #include "client/request_builder.h"
 #include "model/model_loader.h"
@@ -52,11 +53,6 @@ v1::StepRequest BenchRequest(const model::StepInputs& in) {
   o.outputs = {"velocity", "taps"};
   o.wire_dtype = v1::BFLOAT16;
   return client::MakeStepRequest(in, o).value();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 std::unique_ptr<PraxisServer> Serve(std::unique_ptr<model::StepRunner> runner, int64_t batch) {
@@ -120,7 +116,8 @@ void Run() {
   std::printf(
       "(a) in-process forward p50 %.1f ms; served end-to-end p50 %.1f ms "
       "(server compute p50 %.1f ms): ratio %.3f (target <= 1.10)\n",
-      Median(local), Median(served), Median(server_compute), Median(served) / Median(local));
+      bench::Median(local), bench::Median(served), bench::Median(server_compute),
+      bench::Median(served) / bench::Median(local));
 
   // (b) The same 8 callers against batching on, then off, on the bench layout and on a small
   // one (where a row's work is too small to keep the cores busy alone).

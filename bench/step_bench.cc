@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/gemm_record.h"
+#include "bench/stats.h"
 #include "common/status_macros.h"
 #include "model/cpu_runtime.h"
 #include "model/model_loader.h"
@@ -129,10 +130,8 @@ absl::Status Run() {
                          ", \"gemm_calls\": ", calls.size(), ", \"gemm_gflop\": ", gflop,
                          ", \"useful_gflop\": ", cost.gflop());
   }
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
   std::cout << "{\"times_ms\": [" << absl::StrJoin(times, ", ")
-            << "], \"median_ms\": " << sorted[sorted.size() / 2] << gemms << "}" << std::endl;
+            << "], \"median_ms\": " << bench::Median(times) << gemms << "}" << std::endl;
   return absl::OkStatus();
 }
 
