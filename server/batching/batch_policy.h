@@ -43,7 +43,8 @@ struct BatchDecision {
 
 // A queue is ready when it holds a batch's rows (max_batch_rows, or its own max_rows when fewer)
 // or max_batch_cost of work, or its oldest task has waited max_queue_delay; among ready queues the
-// one with the oldest task runs first, so no key starves. Pure: a function of its arguments only, so it is tested with literal times.
+// one with the oldest task runs first, so no key starves. Pure: a function of its arguments only,
+// so it is tested with literal times.
 BatchDecision NextBatch(absl::Span<const QueueState> queues, absl::Time now,
                         const BatchOptions& options);
 
