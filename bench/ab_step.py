@@ -17,26 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 
-
-def start(binary: str, args: list[str]) -> subprocess.Popen:
-    """A step_bench --paced child, past its warm-up."""
-    proc = subprocess.Popen([binary, "--paced", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"{binary} --paced: no warm-up (exit {proc.wait()})")
-    return proc
-
-
-def step_ms(proc: subprocess.Popen, gap: float) -> float:
-    time.sleep(gap)
-    proc.stdin.write("\n")
-    proc.stdin.flush()
-    return float(proc.stdout.readline())
+from paced_step import PacedStep
 
 
 def main() -> int:
@@ -50,16 +33,18 @@ def main() -> int:
     a = p.parse_args()
     if a.pairs < 1:
         p.error("--pairs: expected at least 1")
-    procs = [start(a.a, a.step_bench_args), start(a.b, a.step_bench_args)]
-    times: list[list[float]] = [[], []]
+    sides = [PacedStep([a.a, *a.step_bench_args])]
     try:
+        sides.append(PacedStep([a.b, *a.step_bench_args]))
+        times: list[list[float]] = [[], []]
         for i in range(a.pairs):
             for side in (0, 1) if i % 2 == 0 else (1, 0):
-                times[side].append(step_ms(procs[side], a.gap))
+                times[side].append(sides[side].step_ms(a.gap))
+        for side in sides:
+            side.finish()
     finally:
-        for proc in procs:
-            proc.stdin.close()
-            proc.wait(timeout=600)
+        for side in sides:
+            side.kill()
     ratios = [b / x for x, b in zip(*times)]
     print(f"A {statistics.median(times[0]):.2f} ms  B {statistics.median(times[1]):.2f} ms  "
           f"B/A {statistics.median(ratios):.3f} (pairs {min(ratios):.3f}-{max(ratios):.3f}, "

@@ -42,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 from make_tiny import Case, case_inputs, random_model, run_case, save_file  # noqa: E402
+from paced_step import PacedStep  # noqa: E402
 from praxis_ref.backbone import torch_dtype  # noqa: E402
 
 # name -> (text L, h, w, K, F); the anchor grid is h x w (SPEC §2 layouts as praxis-load names them).
@@ -154,30 +155,21 @@ def time_in_turns(model, x: dict[str, torch.Tensor], command: list[str], repeats
                   gap: float) -> tuple[list[float], dict]:
     """The reference's times and step_bench's JSON line, `repeats` runs each taken in turns (see
     the module's doc): step_bench --paced runs one step per line it reads."""
-    proc = subprocess.Popen(command + ["--paced"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    cpp = PacedStep(command)
     try:
-        if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"{command[0]} --paced: no warm-up")
         ref = []
         with torch.inference_mode():
             run_case(model, x)  # the warm-up
             for i in range(repeats):
                 for side in ("ref", "cpp") if i % 2 == 0 else ("cpp", "ref"):
-                    time.sleep(gap)
                     if side == "ref":
+                        time.sleep(gap)
                         ref.append(reference_ms(model, x))
                     else:
-                        proc.stdin.write("\n")
-                        proc.stdin.flush()
-                        proc.stdout.readline()  # its time, also in the final line
-        out, _ = proc.communicate(timeout=3600)
+                        cpp.step_ms(gap)  # its time, also in the final line
+        return ref, cpp.finish()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{command[0]} --paced exited {proc.returncode}")
-    return ref, json.loads(out.strip().splitlines()[-1])
+        cpp.kill()
 
 
 def with_dtype(model, dtype: str):
