@@ -83,6 +83,21 @@ class ServerMetrics::LiveCollector : public prometheus::Collectable {
                "Calls cancelled because their reader took no data for --write_timeout.",
                MetricType::Counter, v.write_timeouts),
     };
+    // One series per layout the sizer remembers (none before a batch, or with it off): bounded
+    // by its key limit, whatever layouts clients send.
+    MetricFamily held{"praxis_batch_rows_held",
+                      "Rows the batch sizer holds this layout's batches to now "
+                      "(--batch_probe_every): fewer than --max_batch_size where batching that "
+                      "layout does not raise its rows per second.",
+                      MetricType::Gauge,
+                      {}};
+    for (const auto& [layout, rows] : v.batch_rows_held) {
+      ClientMetric m;
+      m.label.push_back({"layout", layout});
+      m.gauge.value = static_cast<double>(rows);
+      held.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(held));
     if (v.device_memory_bytes) {
       out.push_back(Family("praxis_device_memory_bytes",
                            "Bytes the device allocator holds for the model.", MetricType::Gauge,

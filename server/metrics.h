@@ -13,6 +13,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -35,6 +37,9 @@ struct LiveValues {
   int64_t pending_response_bytes = 0;       // answers admitted but not yet taken by their readers
   int64_t session_text_bytes = 0;           // texts kept by sessions
   int64_t write_timeouts = 0;               // calls cancelled for a stalled reader
+  // Rows the batch sizer holds each layout's batches to now, per layout key it remembers (at
+  // most --mask_cache_entries of them; none with --batch_probe_every=0).
+  std::vector<std::pair<std::string, int64_t>> batch_rows_held;
 };
 
 // Where one batch's time went (praxis_batch_phase_seconds): on the batcher's worker, and for the

@@ -92,7 +92,8 @@ absl::Status PraxisServer::Start() {
                       runner_->intra_op_threads(),
                       s.pending_response_bytes,
                       s.session_text_bytes,
-                      s.write_timeouts};
+                      s.write_timeouts,
+                      batcher_->HeldBatchRows()};
   });
   if (options_.answer_pipeline) {
     // Worth a hand-off only when the worker has another batch to start.

@@ -84,6 +84,14 @@ int64_t BatchSizer::Rows(const std::string& key) const {
   return it == keys_.end() ? sizes_.back() : sizes_[it->second.current];
 }
 
+std::vector<std::pair<std::string, int64_t>> BatchSizer::Held() const {
+  std::vector<std::pair<std::string, int64_t>> held;
+  if (options_.probe_every <= 0) return held;
+  held.reserve(keys_.size());
+  for (const auto& [key, k] : keys_) held.emplace_back(key, sizes_[k.current]);
+  return held;
+}
+
 void BatchSizer::Observe(const std::string& key, int64_t rows, absl::Duration took) {
   if (options_.probe_every <= 0 || rows < 1 || took <= absl::ZeroDuration()) return;
   Key& k = Find(key);

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -39,6 +40,9 @@ class BatchSizer {
   int64_t Rows(const std::string& key) const;
   // A batch of `rows` rows of `key` computed for `took` (ignored when not positive).
   void Observe(const std::string& key, int64_t rows, absl::Duration took);
+  // Each remembered key with the size its batches are held to now, in key order; none while
+  // nothing is learned (probe_every 0). What operators see per layout (praxis_batch_rows_held).
+  std::vector<std::pair<std::string, int64_t>> Held() const;
 
  private:
   struct Measured {

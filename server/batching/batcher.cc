@@ -193,4 +193,9 @@ BatcherStats Batcher::stats() const {
   return stats_;
 }
 
+std::vector<std::pair<std::string, int64_t>> Batcher::HeldBatchRows() const {
+  absl::MutexLock lock(&mu_);
+  return sizer_.Held();
+}
+
 }  // namespace praxis::batching

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -64,6 +65,9 @@ class Batcher {
   bool Drain(absl::Duration grace);
 
   BatcherStats stats() const;
+  // The sizer's held batch size per layout key it remembers (BatchSizer::Held), for the metrics
+  // scrape; kept out of stats(), which the answer pipeline reads once per batch.
+  std::vector<std::pair<std::string, int64_t>> HeldBatchRows() const;
 
  private:
   struct Queued {

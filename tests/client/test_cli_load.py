@@ -5,6 +5,7 @@ PRAXIS_SOURCE_DIR. Each test fails, never skips, when a binary is missing.
 """
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -166,6 +167,25 @@ def test_server_thread_probe():
             s.stop()
         assert f"praxis_intra_op_threads {threads}\n" in page, (flags, page)
         assert "praxis_intra_op_thread_switches_total 0\n" in page, (flags, page)
+
+
+def test_server_batch_rows_held_per_layout(tmp_path):
+    """/metrics says, per layout the batch sizer has seen, the rows it holds that layout's batches
+    to now (1 up to --max_batch_size); nothing with the sizer off (--batch_probe_every=0)."""
+    for flags, sized in [((), True), (("--batch_probe_every=0",), False)]:
+        s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", "--max_batch_size=4", *flags)
+        try:
+            load_report(tmp_path, s.address, "--duration=1s", "--concurrency=4",
+                        "--mix=32,6,8,2,1")
+            page = s.metrics()
+        finally:
+            s.stop()
+        held = re.findall(r'^praxis_batch_rows_held\{layout="([^"]*)"\} (\S+)$', page, re.M)
+        if not sized:
+            assert held == [], (flags, held)
+            continue
+        assert [k for k, _ in held if k.startswith("L32_a6x8_K2_F1_")], (flags, held)
+        assert all(1 <= float(v) <= 4 for _, v in held), (flags, held)
 
 
 def test_server_batch_probe_every_refused_when_negative():

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -169,6 +171,7 @@ TEST(BatchSizerTest, OffEveryBatchMayFill) {
   Drive(sizer, "a", 8, 50, [](int64_t n) { return n * absl::Milliseconds(25); });
   EXPECT_EQ(sizer.Rows("a"), 8);
   EXPECT_EQ(sizer.TakeRows("a", 8), 8);
+  EXPECT_TRUE(sizer.Held().empty()) << "nothing held: no series to report";
 }
 
 // Layouts are the clients' to choose: the sizes of at most max_keys are remembered.
@@ -182,6 +185,19 @@ TEST(BatchSizerTest, RemembersAtMostMaxKeysLayouts) {
   EXPECT_EQ(sizer.Rows("a"), 8) << "forgotten: measured again from full batches";
   EXPECT_EQ(sizer.Rows("b"), 1);
   EXPECT_EQ(sizer.Rows("c"), 1);
+  using Held = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(sizer.Held(), (Held{{"b", 1}, {"c", 1}})) << "what the metrics report: not \"a\"";
+}
+
+// What praxis_batch_rows_held reports: each layout's own size, where batching pays and where not.
+TEST(BatchSizerTest, HeldSaysEachLayoutsSize) {
+  BatchSizer sizer({.max_rows = 8, .probe_every = 4});
+  using Held = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(sizer.Held(), Held{});
+  Drive(sizer, "long", 8, 100, [](int64_t n) { return n * absl::Milliseconds(25); });
+  Drive(sizer, "short", 8, 100,
+        [](int64_t n) { return absl::Milliseconds(20) + n * absl::Milliseconds(5); });
+  EXPECT_EQ(sizer.Held(), (Held{{"long", 1}, {"short", 8}}));
 }
 
 // A task that records its final answer.
