@@ -111,12 +111,12 @@ torch::Tensor VideoTokens(const torch::Tensor& x) {
   return x.permute({0, 2, 3, 4, 1}).reshape({x.size(0), -1, x.size(1)});
 }
 
-torch::Tensor Unpatch(const torch::Tensor& x, int64_t ph, int64_t pw) {
+torch::Tensor UnpatchTokens(const torch::Tensor& x, int64_t ph, int64_t pw) {
   const int64_t b = x.size(0), c = x.size(1) / (ph * pw), f = x.size(2), h = x.size(3),
                 w = x.size(4);
   return x.reshape({b, c, ph, pw, f, h, w})
-      .permute({0, 1, 4, 5, 2, 6, 3})
-      .reshape({b, c, f, h * ph, w * pw});
+      .permute({0, 4, 5, 2, 6, 3, 1})
+      .reshape({b, f * h * ph * w * pw, c});
 }
 
 torch::Tensor Patchify(const torch::Tensor& x, int64_t ph, int64_t pw) {

@@ -37,10 +37,12 @@ torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs
 // [B, C, F, h, w] latents to [B, F·h·w, C] tokens in frame-major order.
 torch::Tensor VideoTokens(const torch::Tensor& x);
 
-// [B, C·ph·pw, F, h, w] to [B, C, F, h·ph, w·pw] (fine pixel (row·ph + i, col·pw + j)).
-torch::Tensor Unpatch(const torch::Tensor& x, int64_t ph, int64_t pw);
+// [B, C·ph·pw, F, h, w] latents to the fine grid's tokens [B, F·(h·ph)·(w·pw), C] in
+// frame-major order: channel c·ph·pw + i·pw + j of coarse pixel (row, col) is fine pixel
+// (row·ph + i, col·pw + j). VideoTokens of the unpatched latents, in one copy instead of two.
+torch::Tensor UnpatchTokens(const torch::Tensor& x, int64_t ph, int64_t pw);
 
-// The exact inverse of Unpatch.
+// [B, C, F, h·ph, w·pw] to [B, C·ph·pw, F, h, w]: the inverse of UnpatchTokens' regrouping.
 torch::Tensor Patchify(const torch::Tensor& x, int64_t ph, int64_t pw);
 
 // start + f·kFrameStride + 1 + r·kRowStride + c for each token, frame-major, int64.

@@ -145,7 +145,7 @@ torch::Tensor RunDecoder(const DecoderWeights& w, const TowerContext& ctx,
   const int64_t b = noised.size(0), kf = noised.size(2);
   const int64_t hh = noised.size(3) * ph, ww = noised.size(4) * pw;
   const torch::ScalarType mdt = ModulationDtype(c);
-  const torch::Tensor u = VideoTokens(Unpatch(noised, ph, pw));
+  const torch::Tensor u = UnpatchTokens(noised, ph, pw);
   const torch::Tensor v = ModulateChunks(c, tw, Linear(u, tw.video_in_w, tw.video_in_b), timesteps,
                                          frames_per_chunk * hh * ww);
   torch::Tensor x = torch::cat(

@@ -13,6 +13,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "model/checkpoint.h"
 #include "model/cpu_kernels.h"
+#include "model/layers.h"
 #include "model/random_weights.h"
 #include "model/step_runner.h"
 #include "model/step_validation.h"
@@ -120,6 +121,33 @@ StepInputs RandomStep(int64_t b, int64_t k, int64_t f, int64_t h, int64_t w, int
   in.timesteps = torch::rand({b, k});
   in.frames_per_chunk = f;
   return in;
+}
+
+// The decoder's input tokens: coarse channel c·ph·pw + i·pw + j of pixel (row, col) is fine pixel
+// (row·ph + i, col·pw + j), tokens frame-major; Patchify puts them back.
+TEST(LayersTest, UnpatchTokensRegroupsChannelsIntoFinePixelsAndPatchifyUndoesIt) {
+  const int64_t b = 2, c = 3, ph = 2, pw = 3, f = 2, h = 2, w = 4;
+  const torch::Tensor x =
+      torch::arange(b * c * ph * pw * f * h * w, torch::kFloat32).view({b, c * ph * pw, f, h, w});
+  const torch::Tensor tokens = UnpatchTokens(x, ph, pw);
+  ASSERT_EQ(tokens.sizes(), (std::vector<int64_t>{b, f * h * ph * w * pw, c}));
+  const int64_t hh = h * ph, ww = w * pw;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ci = 0; ci < c; ++ci) {
+      for (int64_t fi = 0; fi < f; ++fi) {
+        for (int64_t r = 0; r < hh; ++r) {
+          for (int64_t col = 0; col < ww; ++col) {
+            const float want =
+                x[bi][ci * ph * pw + (r % ph) * pw + col % pw][fi][r / ph][col / pw].item<float>();
+            ASSERT_EQ(tokens[bi][(fi * hh + r) * ww + col][ci].item<float>(), want)
+                << bi << " " << ci << " " << fi << " " << r << " " << col;
+          }
+        }
+      }
+    }
+  }
+  const torch::Tensor fine = tokens.view({b, f, hh, ww, c}).permute({0, 4, 1, 2, 3});
+  EXPECT_TRUE(torch::equal(Patchify(fine, ph, pw), x));
 }
 
 TEST(BackboneTest, SparseExecutorEqualsDensePathOnRandomLayouts) {
