@@ -86,7 +86,6 @@ int64_t BatchSizer::Rows(const std::string& key) const {
 
 std::vector<std::pair<std::string, int64_t>> BatchSizer::Held() const {
   std::vector<std::pair<std::string, int64_t>> held;
-  if (options_.probe_every <= 0) return held;
   held.reserve(keys_.size());
   for (const auto& [key, k] : keys_) held.emplace_back(key, sizes_[k.current]);
   return held;

@@ -41,7 +41,8 @@ class BatchSizer {
   // A batch of `rows` rows of `key` computed for `took` (ignored when not positive).
   void Observe(const std::string& key, int64_t rows, absl::Duration took);
   // Each remembered key with the size its batches are held to now, in key order; none while
-  // nothing is learned (probe_every 0). What operators see per layout (praxis_batch_rows_held).
+  // nothing is learned (with probe_every 0 no key is ever remembered). What operators see per
+  // layout (praxis_batch_rows_held).
   std::vector<std::pair<std::string, int64_t>> Held() const;
 
  private:

@@ -174,6 +174,9 @@ TEST(BatchSizerTest, OffEveryBatchMayFill) {
   EXPECT_TRUE(sizer.Held().empty()) << "nothing held: no series to report";
 }
 
+// BatchSizer::Held's answer: (layout key, held rows), in key order.
+using Held = std::vector<std::pair<std::string, int64_t>>;
+
 // Layouts are the clients' to choose: the sizes of at most max_keys are remembered.
 TEST(BatchSizerTest, RemembersAtMostMaxKeysLayouts) {
   BatchSizer sizer({.max_rows = 8, .probe_every = 4, .max_keys = 2});
@@ -185,14 +188,12 @@ TEST(BatchSizerTest, RemembersAtMostMaxKeysLayouts) {
   EXPECT_EQ(sizer.Rows("a"), 8) << "forgotten: measured again from full batches";
   EXPECT_EQ(sizer.Rows("b"), 1);
   EXPECT_EQ(sizer.Rows("c"), 1);
-  using Held = std::vector<std::pair<std::string, int64_t>>;
   EXPECT_EQ(sizer.Held(), (Held{{"b", 1}, {"c", 1}})) << "what the metrics report: not \"a\"";
 }
 
 // What praxis_batch_rows_held reports: each layout's own size, where batching pays and where not.
 TEST(BatchSizerTest, HeldSaysEachLayoutsSize) {
   BatchSizer sizer({.max_rows = 8, .probe_every = 4});
-  using Held = std::vector<std::pair<std::string, int64_t>>;
   EXPECT_EQ(sizer.Held(), Held{});
   Drive(sizer, "long", 8, 100, [](int64_t n) { return n * absl::Milliseconds(25); });
   Drive(sizer, "short", 8, 100,
