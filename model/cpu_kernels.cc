@@ -55,31 +55,41 @@ PRAXIS_ISA_CLONES float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-PRAXIS_ISA_CLONES void ScaleRow(float* x, const float* w, float r, int64_t n) {
+// y[i] = x[i] · r · w[i] (y may be x).
+PRAXIS_ISA_CLONES void ScaleRow(const float* x, const float* w, float r, float* y, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * w[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
 }
 
-// `heads` rows of hd floats of one token, in place: each RMS-normalised with w (when not null),
-// then y = x·cos + rotate_half(x)·sin with rotate_half(x) = [-x₂, x₁] and the token's cos, sin.
-PRAXIS_ISA_CLONES void NormRopeToken(float* x, int64_t heads, int64_t hd, const float* w, float eps,
+// The `heads` rows of hd floats of one token (row h at x + h·sx) into y (row h at y + h·sy; y may
+// be x): each RMS-normalised with w (when not null), then y = x·cos + rotate_half(x)·sin with
+// rotate_half(x) = [-x₂, x₁] and the token's cos, sin. All heads in one call: a call per head
+// (hd 16 on the tiny model) cost more than the rows' arithmetic. Portable: see NormRopeTokenOn.
+PRAXIS_ISA_CLONES void NormRopeToken(const float* x, int64_t sx, float* y, int64_t sy,
+                                     int64_t heads, int64_t hd, const float* w, float eps,
                                      const float* cos, const float* sin) {
   const int64_t half = hd / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    float* r = x + h * hd;
-    if (w != nullptr) {
-      float ss = 0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < hd; ++i) ss += r[i] * r[i];
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
+    const float* r = x + h * sx;
+    float* o = y + h * sy;
+    if (w == nullptr) {
 #pragma omp simd
-      for (int64_t i = 0; i < hd; ++i) r[i] = r[i] * inv * w[i];
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = r[i], b = r[i + half];
+        o[i] = a * cos[i] - b * sin[i];
+        o[i + half] = b * cos[i + half] + a * sin[i + half];
+      }
+      continue;
     }
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < hd; ++i) ss += r[i] * r[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const float a = r[i], b = r[i + half];
-      r[i] = a * cos[i] - b * sin[i];
-      r[i + half] = b * cos[i + half] + a * sin[i + half];
+      const float a = r[i] * inv * w[i], b = r[i + half] * inv * w[i + half];
+      o[i] = a * cos[i] - b * sin[i];
+      o[i + half] = b * cos[i + half] + a * sin[i + half];
     }
   }
 }
@@ -195,6 +205,19 @@ const float* AsFloats(const T* src, float* buf, int64_t n) {
   }
 }
 
+// One row of n values of src mapped into dst by f(in, out), both float rows: a float32 row
+// directly (no copies), another dtype's converted into buf, mapped in place, converted back.
+template <typename T, typename F>
+void MapRow(const T* src, T* dst, int64_t n, float* buf, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    f(src, dst);
+  } else {
+    Load(src, buf, n);
+    f(buf, buf);
+    Store(buf, dst, n);
+  }
+}
+
 // log2 e: e^x = 2^(x·log2 e), the reduction of both exponentials below (VecExp, Exp2Avx512).
 constexpr float kLog2e = 1.44269504088896341f;
 
@@ -251,10 +274,11 @@ PRAXIS_ISA_CLONES void SigmoidRow(const float* x, float* y, int64_t n) {
 // Whether a ranks above b as torch::topk ranks them: NaN above every number.
 bool RanksAbove(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || a > b; }
 
-// x[i] = shift[i] + x[i] · scale[i].
-PRAXIS_ISA_CLONES void ModulateRow(float* x, const float* shift, const float* scale, int64_t n) {
+// y[i] = shift[i] + x[i] · scale[i] (y may be x).
+PRAXIS_ISA_CLONES void ModulateRow(const float* x, const float* shift, const float* scale, float* y,
+                                   int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = shift[i] + x[i] * scale[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = shift[i] + x[i] * scale[i];
 }
 
 // max |x[i]| (reduced as *m), and Σ (x[i] - x[i]), NaN iff some x[i] is NaN or infinite (*bad).
@@ -281,9 +305,10 @@ PRAXIS_ISA_CLONES void AxpyRow(float* out, float w, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += w * y[i];
 }
 
-void NormalizeRow(float* x, const float* w, int64_t n, double eps) {
+// y = x RMS-normalised, times w (y may be x).
+void NormalizeRow(const float* x, const float* w, int64_t n, double eps, float* y) {
   const float r = 1.0f / std::sqrt(Dot(x, x, n) / static_cast<float>(n) + static_cast<float>(eps));
-  ScaleRow(x, w, r, n);
+  ScaleRow(x, w, r, y, n);
 }
 
 // Attention works in 16-float chunks (one AVX-512 register) over blocks of kBlockRows query rows:
@@ -502,6 +527,43 @@ PRAXIS_AVX512 void SiluMulRowAvx512(const float* a, const float* b, float* out, 
   }
 }
 
+// NormRopeToken in AVX-512, a row's halves 16 lanes at a time (masked at the ends: the tiny
+// model's hd 16 has halves of 8, which the clones' loops ran as scalars, ~5 % of its step).
+PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int64_t sy,
+                                       int64_t heads, int64_t hd, const float* w, float eps,
+                                       const float* cos, const float* sin) {
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* r = x + h * sx;
+    float* o = y + h * sy;
+    __m512 inv = _mm512_set1_ps(1.0f);
+    if (w != nullptr) {
+      __m512 ss = _mm512_setzero_ps();
+      for (int64_t i = 0; i < hd; i += kLanes) {
+        const __mmask16 m = hd - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (hd - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, r + i);
+        ss = _mm512_fmadd_ps(v, v, ss);
+      }
+      inv = _mm512_set1_ps(1.0f / std::sqrt(HorizontalSum(ss) / static_cast<float>(hd) + eps));
+    }
+    for (int64_t i = 0; i < half; i += kLanes) {
+      const __mmask16 m =
+          half - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (half - i)) - 1);
+      __m512 a = _mm512_maskz_loadu_ps(m, r + i), b = _mm512_maskz_loadu_ps(m, r + i + half);
+      if (w != nullptr) {
+        a = _mm512_mul_ps(_mm512_mul_ps(a, inv), _mm512_maskz_loadu_ps(m, w + i));
+        b = _mm512_mul_ps(_mm512_mul_ps(b, inv), _mm512_maskz_loadu_ps(m, w + i + half));
+      }
+      const __m512 lo = _mm512_fmsub_ps(a, _mm512_maskz_loadu_ps(m, cos + i),
+                                        _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, sin + i)));
+      const __m512 hi = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, cos + i + half),
+                                        _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, sin + i + half)));
+      _mm512_mask_storeu_ps(o + i, m, lo);
+      _mm512_mask_storeu_ps(o + i + half, m, hi);
+    }
+  }
+}
+
 // The bf16 values at src as float32 lanes (those outside m: 0).
 inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m512 LoadBf16Lanes(
     const uint16_t* src, __mmask16 m) {
@@ -700,6 +762,15 @@ void RouterRow(const float* x, const float* router, int64_t d, int64_t e, float*
   for (int64_t j = 0; j < e; ++j) out[j] = Dot(x, router + j * d, d);
 }
 
+// NormRopeToken in AVX-512 where `avx512` (UseAvx512), else by the clones.
+void NormRopeTokenOn(bool avx512, const float* x, int64_t sx, float* y, int64_t sy, int64_t heads,
+                     int64_t hd, const float* w, float eps, const float* cos, const float* sin) {
+#if defined(PRAXIS_X86_SIMD)
+  if (avx512) return NormRopeTokenAvx512(x, sx, y, sy, heads, hd, w, eps, cos, sin);
+#endif
+  NormRopeToken(x, sx, y, sy, heads, hd, w, eps, cos, sin);
+}
+
 // y[i] = silu(a[i]) · b[i] in AVX-512 where the CPU has it, else by the clones; y may be a.
 void SiluMulRowBest(const float* a, const float* b, float* y, int64_t n) {
 #if defined(PRAXIS_X86_SIMD)
@@ -764,9 +835,8 @@ torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, do
     at::parallel_for(0, rows, RowGrain(n), [&](int64_t a, int64_t b) {
       std::vector<float> buf(n);
       for (int64_t r = a; r < b; ++r) {
-        Load(src + r * n, buf.data(), n);
-        NormalizeRow(buf.data(), wp, n, eps);
-        Store(buf.data(), dst + r * n, n);
+        MapRow(src + r * n, dst + r * n, n, buf.data(),
+               [&](const float* in, float* out) { NormalizeRow(in, wp, n, eps, out); });
       }
     });
   });
@@ -774,7 +844,7 @@ torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, do
 }
 
 torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                            const torch::Tensor& cos, const torch::Tensor& sin) {
+                            const torch::Tensor& cos, const torch::Tensor& sin, AttentionIsa isa) {
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), hd = x.size(3);
   TORCH_CHECK(
       !x.is_cuda() && x.dim() == 4 && x.stride(3) == 1 && hd % 2 == 0,
@@ -788,6 +858,7 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
   RECORD_FUNCTION("praxis::norm_rope_heads", std::vector<c10::IValue>());
   torch::Tensor y = torch::empty({b, h, t, hd}, x.options());
   const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2);
+  const bool avx512 = UseAvx512(isa);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "NormRope", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
@@ -798,12 +869,20 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
       std::vector<float> buf(h * hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
-        for (int64_t hi = 0; hi < h; ++hi) {
-          Load(src + bi * sb + ti * st + hi * sh, buf.data() + hi * hd, hd);
-        }
-        NormRopeToken(buf.data(), h, hd, wp, static_cast<float>(eps), cp + ti * hd, sp + ti * hd);
-        for (int64_t hi = 0; hi < h; ++hi) {
-          Store(buf.data() + hi * hd, dst + ((bi * h + hi) * t + ti) * hd, hd);
+        const scalar_t* in = src + bi * sb + ti * st;
+        scalar_t* out = dst + (bi * h * t + ti) * hd;  // head hi's row at out + hi·t·hd
+        auto rows = [&](const float* x, int64_t sx, float* y, int64_t sy) {
+          NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, static_cast<float>(eps), cp + ti * hd,
+                          sp + ti * hd);
+        };
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          // Float32 rows read and written where they are: no copies. (The cast is a no-op here;
+          // the dispatch lambda is no template, so the other types compile this branch too.)
+          rows(reinterpret_cast<const float*>(in), sh, reinterpret_cast<float*>(out), t * hd);
+        } else {
+          for (int64_t hi = 0; hi < h; ++hi) Load(in + hi * sh, buf.data() + hi * hd, hd);
+          rows(buf.data(), hd, buf.data(), hd);
+          for (int64_t hi = 0; hi < h; ++hi) Store(buf.data() + hi * hd, out + hi * t * hd, hd);
         }
       }
     });
@@ -847,9 +926,8 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
           osh += i * ssh[d];
           osc += i * ssc[d];
         }
-        Load(src + ox, buf.data(), n);
-        ModulateRow(buf.data(), shp + osh, scp + osc, n);
-        Store(buf.data(), dst + r * n, n);
+        MapRow(src + ox, dst + r * n, n, buf.data(),
+               [&](const float* in, float* out) { ModulateRow(in, shp + osh, scp + osc, out, n); });
       }
     });
   });

@@ -15,6 +15,11 @@
 
 namespace praxis::model::cpu {
 
+// The instructions an attention kernel takes: AVX-512 where the CPU has it (kAvx512; kBest may
+// take more, see TileAttention), or plain loops (kPortable, what a CPU without AVX-512 runs).
+// Tests compare every one.
+enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
+
 // The largest |x| of a CPU tensor (float32, bfloat16 or float16; any strides), in one pass:
 // +inf if a value is infinite, else NaN if one is NaN; 0 for an empty tensor. Serves the request
 // checks (finite values, the server's magnitude limit), which ran as several ATen ops per input
@@ -29,9 +34,10 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 // Query or key heads into the layout attention reads: x [B, T, H, hd] (any strides, last one 1)
 // is RMS-normalised over hd with `weight` (float32 [hd], the (1 + w); skipped when undefined),
 // rotated with the rotate-half tables cos, sin (float32 [T, hd]) and written as a contiguous
-// [B, H, T, hd] tensor of x's dtype.
+// [B, H, T, hd] tensor of x's dtype. Float32 heads are read and written in place (no row copies).
 torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                            const torch::Tensor& cos, const torch::Tensor& sin);
+                            const torch::Tensor& cos, const torch::Tensor& sin,
+                            AttentionIsa isa = AttentionIsa::kBest);
 
 // shift + x · scale in float32, rounded to x's dtype: the time modulation of video tokens, in one
 // pass. x: a CPU float tensor, any strides; shift, scale: float32, broadcastable to x without
@@ -119,9 +125,7 @@ struct AttentionTiles {
 // GateHeads(that, gate, gate_bias) instead, gated as it is stored. The two products run as float32
 // FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest also takes the bf16 matrix units for
 // bf16 heads wider than kNarrowHeadDim where the CPU has them (HasBf16MatrixUnits; the
-// probabilities are then rounded to bf16 before p·v, as LibTorch's flash kernel does). Tests
-// compare every one.
-enum class AttentionIsa : int8_t { kBest = 0, kPortable = 1, kAvx512 = 2 };
+// probabilities are then rounded to bf16 before p·v, as LibTorch's flash kernel does).
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
                             AttentionIsa isa = AttentionIsa::kBest, const torch::Tensor& gate = {},

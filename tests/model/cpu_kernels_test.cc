@@ -50,20 +50,39 @@ TEST(CpuKernelsTest, RmsNormEqualsTheAtenFormulaInEveryDtype) {
 
 TEST(CpuKernelsTest, NormRopeHeadsEqualsNormThenRotaryThenTranspose) {
   torch::manual_seed(1);
-  const int64_t b = 2, t = 19, h = 3, hd = 16;
-  // A strided view, as the heads are when sliced from the stacked q|k|v|gate projection.
-  const torch::Tensor packed = torch::randn({b, t, 2 * h * hd + 5});
-  const torch::Tensor x = packed.narrow(2, 5, h * hd).view({b, t, h, hd});
-  const torch::Tensor w = torch::randn({hd});
-  const RopeTables rope = MakeRopeTables(VideoPositions(1, t, 1, 7) * 31, hd, 10000.0, torch::kCPU);
-  const torch::Tensor want = ApplyRope(AtenRmsNorm(x, w, 1e-6), rope).transpose(1, 2).contiguous();
-  const torch::Tensor got = cpu::NormRopeHeads(x, NormWeight(w), 1e-6, rope.cos, rope.sin);
-  EXPECT_TRUE(got.is_contiguous());
-  EXPECT_EQ(got.sizes(), torch::IntArrayRef({b, h, t, hd}));
-  EXPECT_LE(MaxAbsDiff(got, want), 1e-5);
-  // Without a norm weight: rotary only.
-  const torch::Tensor plain = cpu::NormRopeHeads(x, {}, 1e-6, rope.cos, rope.sin);
-  EXPECT_LE(MaxAbsDiff(plain, ApplyRope(x, rope).transpose(1, 2)), 1e-5);
+  const int64_t b = 2, t = 19, h = 3;
+  // Head dims with halves shorter than, not a multiple of, and a multiple of 16 lanes.
+  for (int64_t hd : {16, 40, 64}) {
+    // A strided view, as the heads are when sliced from the stacked q|k|v|gate projection.
+    const torch::Tensor packed = torch::randn({b, t, 2 * h * hd + 5});
+    const torch::Tensor x32 = packed.narrow(2, 5, h * hd).view({b, t, h, hd});
+    const torch::Tensor w = torch::randn({hd});
+    const RopeTables rope =
+        MakeRopeTables(VideoPositions(1, t, 1, 7) * 31, hd, 10000.0, torch::kCPU);
+    for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      const torch::Tensor x = x32.to(dt);
+      const torch::Tensor xf = x.to(torch::kFloat32);
+      const torch::Tensor want = ApplyRope(AtenRmsNorm(xf, w, 1e-6), rope).transpose(1, 2);
+      const torch::Tensor plain_want = ApplyRope(xf, rope).transpose(1, 2);
+      // float32: a few ulps; 16 bits: one rounding of the result (relative to the largest value).
+      const double tol = dt == torch::kFloat32 ? 1e-6 : (dt == torch::kBFloat16 ? 1.0 / 128 : 1e-3);
+      auto relative = [](const torch::Tensor& got, const torch::Tensor& ref) {
+        return MaxAbsDiff(got.to(torch::kFloat32), ref) / ref.abs().max().item<double>();
+      };
+      for (auto isa : {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kPortable}) {
+        const torch::Tensor got =
+            cpu::NormRopeHeads(x, NormWeight(w), 1e-6, rope.cos, rope.sin, isa);
+        EXPECT_TRUE(got.is_contiguous());
+        EXPECT_EQ(got.scalar_type(), dt);
+        EXPECT_EQ(got.sizes(), torch::IntArrayRef({b, h, t, hd}));
+        EXPECT_LE(relative(got, want), tol) << "hd " << hd << " " << dt << " isa " << int(isa);
+        // Without a norm weight: rotary only.
+        const torch::Tensor plain = cpu::NormRopeHeads(x, {}, 1e-6, rope.cos, rope.sin, isa);
+        EXPECT_LE(relative(plain, plain_want), tol)
+            << "rotary only: hd " << hd << " " << dt << " isa " << int(isa);
+      }
+    }
+  }
 }
 
 TEST(CpuKernelsTest, KernelsRefuseWhatTheyWereNotWrittenFor) {
