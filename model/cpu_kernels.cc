@@ -128,6 +128,11 @@ PRAXIS_ISA_CLONES void StoreHalf(const float* src, c10::Half* dst, int64_t n) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // x86 with GCC or clang: the AVX-512 paths below are compiled (and taken where the CPU has them).
 #define PRAXIS_X86_SIMD 1
+// The lanes of a 16-float vector that hold values when `left` of a row remain (all past 16): a
+// row's last, partial vector is loaded and stored under it.
+constexpr __mmask16 LanesLeft(int64_t left) {
+  return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+}
 // The same bf16 conversions 16 floats at a time where the CPU has the instructions: the clones
 // above run at 256 bits, and the float → bf16 rounding takes ~12 integer instructions per vector
 // there against one vcvtneps2bf16 (round to nearest even, as c10; NaN stays NaN; a float32
@@ -136,7 +141,7 @@ PRAXIS_ISA_CLONES void StoreHalf(const float* src, c10::Half* dst, int64_t n) {
 __attribute__((target("avx512f,avx512vl,avx512bw"))) void LoadBf16Avx512(const uint16_t* src,
                                                                          float* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = LanesLeft(n - i);
     // The masked forms throughout: GCC 12 warns of the unmasked ones' undefined source.
     const __m512i w = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, src + i));
     _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, w, 16)));
@@ -146,7 +151,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw"))) void LoadBf16Avx512(const u
 __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void StoreBf16Avx512(
     const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = LanesLeft(n - i);
     const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
     _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(h));
   }
@@ -481,7 +486,7 @@ PRAXIS_AVX512 void RouterRowAvx512(const float* x, const float* router, int64_t 
       acc[j] = _mm512_setzero_ps();
     }
     for (int64_t i = 0; i < d; i += kLanes) {
-      const __mmask16 m = d - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (d - i)) - 1);
+      const __mmask16 m = LanesLeft(d - i);
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
 #pragma GCC unroll 8
       for (int j = 0; j < kExperts; ++j) {
@@ -504,7 +509,7 @@ PRAXIS_AVX512 void SiluMulRowAvx512(const float* a, const float* b, float* out, 
   const __m512 log2e = _mm512_set1_ps(kLog2e), log2e_lo = _mm512_set1_ps(kLog2eLo),
                one = _mm512_set1_ps(1.0f), inf = _mm512_set1_ps(INFINITY);
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 m = n - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = LanesLeft(n - i);
     const __m512 x = _mm512_maskz_loadu_ps(m, a + i);
     // -a, capped where e^-a no longer changes 1 + e^-a (a NaN becomes the cap: see above).
     const __m512 neg =
@@ -540,15 +545,14 @@ PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int
     if (w != nullptr) {
       __m512 ss = _mm512_setzero_ps();
       for (int64_t i = 0; i < hd; i += kLanes) {
-        const __mmask16 m = hd - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (hd - i)) - 1);
+        const __mmask16 m = LanesLeft(hd - i);
         const __m512 v = _mm512_maskz_loadu_ps(m, r + i);
         ss = _mm512_fmadd_ps(v, v, ss);
       }
       inv = _mm512_set1_ps(1.0f / std::sqrt(HorizontalSum(ss) / static_cast<float>(hd) + eps));
     }
     for (int64_t i = 0; i < half; i += kLanes) {
-      const __mmask16 m =
-          half - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (half - i)) - 1);
+      const __mmask16 m = LanesLeft(half - i);
       __m512 a = _mm512_maskz_loadu_ps(m, r + i), b = _mm512_maskz_loadu_ps(m, r + i + half);
       if (w != nullptr) {
         a = _mm512_mul_ps(_mm512_mul_ps(a, inv), _mm512_maskz_loadu_ps(m, w + i));
@@ -581,7 +585,7 @@ __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void SiluMulRowB
   const __m512 log2e = _mm512_set1_ps(kLog2e), one = _mm512_set1_ps(1.0f),
                inf = _mm512_set1_ps(INFINITY);
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 m = n - i >= kLanes ? kAll : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = LanesLeft(n - i);
     const __m512 x = LoadBf16Lanes(a + i, m);
     // -a capped as in SiluMulRowAvx512 (a NaN becomes the cap and stays NaN through x).
     const __m512 neg =
