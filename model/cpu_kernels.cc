@@ -210,17 +210,26 @@ const float* AsFloats(const T* src, float* buf, int64_t n) {
   }
 }
 
-// One row of n values of src mapped into dst by f(in, out), both float rows: a float32 row
-// directly (no copies), another dtype's converted into buf, mapped in place, converted back.
+// `rows` rows of n values (row r at src + r·ss) mapped into dst (row r at dst + r·ds) by
+// f(in, in_stride, out, out_stride) over float rows: float32 rows directly (no copies), another
+// dtype's converted into buf (rows · n floats), mapped in place, converted back.
+template <typename T, typename F>
+void MapRows(const T* src, int64_t ss, T* dst, int64_t ds, int64_t rows, int64_t n, float* buf,
+             F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    f(src, ss, dst, ds);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) Load(src + r * ss, buf + r * n, n);
+    f(buf, n, buf, n);
+    for (int64_t r = 0; r < rows; ++r) Store(buf + r * n, dst + r * ds, n);
+  }
+}
+
+// One row: MapRows with f(in, out).
 template <typename T, typename F>
 void MapRow(const T* src, T* dst, int64_t n, float* buf, F&& f) {
-  if constexpr (std::is_same_v<T, float>) {
-    f(src, dst);
-  } else {
-    Load(src, buf, n);
-    f(buf, buf);
-    Store(buf, dst, n);
-  }
+  MapRows(src, n, dst, n, 1, n, buf,
+          [&](const float* in, int64_t, float* out, int64_t) { f(in, out); });
 }
 
 // log2 e: e^x = 2^(x·log2 e), the reduction of both exponentials below (VecExp, Exp2Avx512).
@@ -873,21 +882,12 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
       std::vector<float> buf(h * hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
-        const scalar_t* in = src + bi * sb + ti * st;
-        scalar_t* out = dst + (bi * h * t + ti) * hd;  // head hi's row at out + hi·t·hd
-        auto rows = [&](const float* x, int64_t sx, float* y, int64_t sy) {
-          NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, static_cast<float>(eps), cp + ti * hd,
-                          sp + ti * hd);
-        };
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          // Float32 rows read and written where they are: no copies. (The cast is a no-op here;
-          // the dispatch lambda is no template, so the other types compile this branch too.)
-          rows(reinterpret_cast<const float*>(in), sh, reinterpret_cast<float*>(out), t * hd);
-        } else {
-          for (int64_t hi = 0; hi < h; ++hi) Load(in + hi * sh, buf.data() + hi * hd, hd);
-          rows(buf.data(), hd, buf.data(), hd);
-          for (int64_t hi = 0; hi < h; ++hi) Store(buf.data() + hi * hd, out + hi * t * hd, hd);
-        }
+        // The token's heads: in at its projection row, out as row ti of each head's [T, hd].
+        MapRows(src + bi * sb + ti * st, sh, dst + (bi * h * t + ti) * hd, t * hd, h, hd,
+                buf.data(), [&](const float* x, int64_t sx, float* y, int64_t sy) {
+                  NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, static_cast<float>(eps),
+                                  cp + ti * hd, sp + ti * hd);
+                });
       }
     });
   });
