@@ -4,6 +4,9 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "the server, HOST:PORT");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "deadline of each call");
+ABSL_FLAG(bool, whole_answer, true,
+          "ask for each answer in one message where it fits the server's chunk size (false: the "
+          "stream of header, chunks and trailer, as older clients read it)");
 ABSL_FLAG(bool, tls, false, "connect with TLS (system roots unless --tls_ca)");
 ABSL_FLAG(std::string, tls_ca, "", "PEM roots to verify the server with; implies --tls");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for servers that require one");

@@ -1,6 +1,7 @@
 #pragma once
 
-// The connection flags praxis-cli and praxis-load share: --address, --timeout, TLS and the token.
+// The flags praxis-cli and praxis-load share: --address, --timeout, TLS, the token, and how
+// answers come back (--whole_answer).
 
 #include <string>
 
@@ -10,6 +11,7 @@
 
 ABSL_DECLARE_FLAG(std::string, address);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
+ABSL_DECLARE_FLAG(bool, whole_answer);
 
 namespace praxis::client {
 

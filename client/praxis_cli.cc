@@ -119,6 +119,7 @@ absl::Status Step(const Client& c) {
   PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype,
                           wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   options.request_id = "praxis-cli";
+  options.whole_answer = absl::GetFlag(FLAGS_whole_answer);
   PRAXIS_ASSIGN_OR_RETURN(const v1::StepRequest request, MakeStepRequest(in, options));
   absl::StatusOr<StepReply> answered = c.Step(request, absl::GetFlag(FLAGS_timeout));
   if (!answered.ok()) return Remote(answered.status());

@@ -65,13 +65,14 @@ ABSL_FLAG(std::string, csv, "", "write one CSV row per measured request here");
 namespace praxis::client {
 namespace {
 
-// The mix of --mix, --batch, --outputs and --wire_dtype for a model's `dims`, requests of `rows`
-// rows.
+// The mix of --mix, --batch, --outputs, --wire_dtype and --whole_answer for a model's `dims`,
+// requests of `rows` rows.
 absl::StatusOr<std::vector<MixEntry>> MixFromFlags(const wire::StepDims& dims, int64_t rows) {
   RequestOptions options;
   options.outputs = absl::StrSplit(absl::GetFlag(FLAGS_outputs), ',', absl::SkipEmpty());
   PRAXIS_ASSIGN_OR_RETURN(options.wire_dtype,
                           wire::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
+  options.whole_answer = absl::GetFlag(FLAGS_whole_answer);
   return ParseMix(absl::GetFlag(FLAGS_mix), dims, rows, options);
 }
 

@@ -19,6 +19,7 @@ absl::StatusOr<v1::StepRequest> MakeStepRequest(const wire::StepInputs& in,
   PRAXIS_ASSIGN_OR_RETURN(*r.mutable_outputs(), wire::ParseOutputs(options.outputs));
   r.set_wire_dtype(options.wire_dtype);
   r.set_request_id(options.request_id);
+  r.set_whole_answer(options.whole_answer);
   return r;
 }
 

@@ -20,6 +20,8 @@ struct RequestOptions {
   v1::DType wire_dtype = v1::FLOAT32;   // of the float outputs
   v1::DType input_dtype = v1::FLOAT32;  // of the float inputs on the wire
   std::string request_id;
+  // The answer in one message where it fits the server's chunk size (StepRequest.whole_answer).
+  bool whole_answer = true;
 };
 
 // The request for `in` (any device; copied to the wire in options.input_dtype).

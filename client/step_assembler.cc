@@ -51,34 +51,49 @@ absl::StatusOr<bool> StepAssembler::Add(const v1::StepResponse& msg) {
       if (msg.error().code() == 0) return absl::DataLossError("a StepError with code OK");
       return absl::Status(static_cast<absl::StatusCode>(msg.error().code()), msg.error().message());
     case v1::StepResponse::kHeader:
-      if (have_header_) return absl::DataLossError("a second header");
-      for (const v1::TensorHeader& t : msg.header().tensors()) {
-        PRAXIS_RETURN_IF_ERROR(CheckTensorHeader(t));
-      }
-      have_header_ = true;
-      reply_.header = msg.header();
-      bytes_.clear();
-      current_ = 0;
+      PRAXIS_RETURN_IF_ERROR(AddHeader(msg.header()));
       return false;
     case v1::StepResponse::kChunk:
       if (!have_header_) return absl::DataLossError("a chunk before the header");
       return AddChunk(msg.chunk());
-    case v1::StepResponse::kTrailer: {
+    case v1::StepResponse::kTrailer:
       if (!have_header_) return absl::DataLossError("a trailer before the header");
-      PRAXIS_RETURN_IF_ERROR(SkipEmpty());
-      if (current_ < reply_.header.tensors_size()) {
-        const v1::TensorHeader& t = reply_.header.tensors(current_);
-        return absl::DataLossError(absl::StrCat(t.name(), ": got ", bytes_.size(), " of ",
-                                                t.nbytes(), " bytes before the trailer"));
-      }
-      reply_.trailer = msg.trailer();
-      complete_ = true;
-      return true;
+      return AddTrailer(msg.trailer());
+    case v1::StepResponse::kAnswer: {
+      // The stream's messages in one: held to the same order and sizes.
+      const v1::StepAnswer& a = msg.answer();
+      if (!a.has_header()) return absl::DataLossError("an answer without its header");
+      if (!a.has_trailer()) return absl::DataLossError("an answer without its trailer");
+      PRAXIS_RETURN_IF_ERROR(AddHeader(a.header()));
+      for (const v1::TensorChunk& c : a.chunks()) PRAXIS_RETURN_IF_ERROR(AddChunk(c).status());
+      return AddTrailer(a.trailer());
     }
     case v1::StepResponse::KIND_NOT_SET:
       break;
   }
   return absl::DataLossError("an empty StepResponse");
+}
+
+absl::Status StepAssembler::AddHeader(const v1::StepHeader& h) {
+  if (have_header_) return absl::DataLossError("a second header");
+  for (const v1::TensorHeader& t : h.tensors()) PRAXIS_RETURN_IF_ERROR(CheckTensorHeader(t));
+  have_header_ = true;
+  reply_.header = h;
+  bytes_.clear();
+  current_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepAssembler::AddTrailer(const v1::StepTrailer& t) {
+  PRAXIS_RETURN_IF_ERROR(SkipEmpty());
+  if (current_ < reply_.header.tensors_size()) {
+    const v1::TensorHeader& h = reply_.header.tensors(current_);
+    return absl::DataLossError(absl::StrCat(h.name(), ": got ", bytes_.size(), " of ", h.nbytes(),
+                                            " bytes before the trailer"));
+  }
+  reply_.trailer = t;
+  complete_ = true;
+  return true;
 }
 
 absl::Status StepAssembler::Finish() {

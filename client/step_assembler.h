@@ -22,7 +22,8 @@ struct StepReply {
 // Rebuilds a StepReply from the StepResponse messages of one step, checking the protocol: a header
 // first (each tensor's dtype known and its shape's byte size, overflow-checked, equal to nbytes),
 // then for each announced tensor, in header order, chunks with contiguous offsets that add up to
-// exactly its announced size, then a trailer. Not thread-safe.
+// exactly its announced size, then a trailer — as separate messages, or all in one StepAnswer
+// (StepRequest.whole_answer). Not thread-safe.
 class StepAssembler {
  public:
   // Feeds the next message. True once the trailer has arrived; DataLoss naming the tensor for a
@@ -34,7 +35,9 @@ class StepAssembler {
   StepReply Take();
 
  private:
+  absl::Status AddHeader(const v1::StepHeader& h);
   absl::StatusOr<bool> AddChunk(const v1::TensorChunk& c);
+  absl::StatusOr<bool> AddTrailer(const v1::StepTrailer& t);
   // Decodes the bytes of the current tensor and moves to the next.
   absl::Status Finish();
   // Finishes tensors of zero bytes, which have no chunks.

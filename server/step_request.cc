@@ -54,6 +54,7 @@ absl::StatusOr<OutputPlan> DecodeOutputs(const v1::StepRequest& r,
         absl::StrCat("wire_dtype: expected FLOAT32, BFLOAT16 or FLOAT16, got ", wire));
   }
   plan.wire_dtype = static_cast<v1::DType>(wire);
+  plan.whole_answer = r.whole_answer();
   return plan;
 }
 

@@ -21,6 +21,7 @@ namespace praxis::serve {
 struct OutputPlan : model::OutputSelection {
   v1::DType wire_dtype = v1::FLOAT32;
   int64_t response_bytes = 0;  // the tensor bytes the answer will carry
+  bool whole_answer = false;   // one StepAnswer message where it fits (StepRequest.whole_answer)
 };
 
 // Serving limits on one request, beyond the model's own (ValidateStep): they bound the work and

@@ -39,6 +39,8 @@ absl::StatusOr<StepResponder> StepResponder::Create(const StepResult& r, const O
     s.compute_time_ = r.compute_time;
     s.SetHeader(r, plan, request_id);
     s.header_.set_text_kept(text_kept);
+    // Bounded as a chunk's message is: every tensor of it fits in one chunk.
+    s.whole_ = plan.whole_answer && s.tensor_bytes_ <= max_chunk_bytes;
     return s;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("encoding the answer: ", e.what()));
@@ -117,20 +119,45 @@ void StepResponder::NextChunk(v1::TensorChunk* c) {
   element_ += n;
 }
 
+bool StepResponder::NextOutput() {
+  while (output_ < outputs_.size() && element_ >= outputs_[output_].flat.numel()) {
+    outputs_[output_].flat = torch::Tensor();  // sent: free it
+    ++output_;
+    element_ = 0;
+  }
+  return output_ < outputs_.size();
+}
+
+void StepResponder::FillTrailer(v1::StepTrailer* t) {
+  t->set_queue_us(absl::ToInt64Microseconds(queue_time_));
+  t->set_compute_us(absl::ToInt64Microseconds(compute_time_));
+  t->set_total_us(absl::ToInt64Microseconds(absl::Now() - accepted_));
+  stage_ = Stage::kDone;
+}
+
+void StepResponder::FillWhole(v1::StepAnswer* answer) {
+  *answer->mutable_header() = header_;
+  while (NextOutput()) NextChunk(answer->add_chunks());
+  FillTrailer(answer->mutable_trailer());
+}
+
 absl::StatusOr<bool> StepResponder::Next(v1::StepResponse* msg) {
   msg->Clear();
   switch (stage_) {
     case Stage::kHeader:
+      if (whole_) {
+        try {
+          FillWhole(msg->mutable_answer());
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat("encoding the answer: ", e.what()));
+        }
+        return true;
+      }
       *msg->mutable_header() = header_;
       stage_ = Stage::kChunks;
       return true;
     case Stage::kChunks:
-      while (output_ < outputs_.size() && element_ >= outputs_[output_].flat.numel()) {
-        outputs_[output_].flat = torch::Tensor();  // sent: free it
-        ++output_;
-        element_ = 0;
-      }
-      if (output_ < outputs_.size()) {
+      if (NextOutput()) {
         try {
           NextChunk(msg->mutable_chunk());
         } catch (const std::exception& e) {
@@ -140,14 +167,9 @@ absl::StatusOr<bool> StepResponder::Next(v1::StepResponse* msg) {
       }
       stage_ = Stage::kTrailer;
       [[fallthrough]];
-    case Stage::kTrailer: {
-      v1::StepTrailer* t = msg->mutable_trailer();
-      t->set_queue_us(absl::ToInt64Microseconds(queue_time_));
-      t->set_compute_us(absl::ToInt64Microseconds(compute_time_));
-      t->set_total_us(absl::ToInt64Microseconds(absl::Now() - accepted_));
-      stage_ = Stage::kDone;
+    case Stage::kTrailer:
+      FillTrailer(msg->mutable_trailer());
       return true;
-    }
     case Stage::kDone:
       return false;
   }

@@ -308,5 +308,75 @@ TEST(StepAssemblerTest, RefusesTrailerBeforeEveryByte) {
   }
 }
 
+// The messages given, as one StepAnswer: each header, chunk and trailer among them in its place.
+v1::StepResponse Answer(const std::vector<v1::StepResponse>& parts) {
+  v1::StepResponse m;
+  v1::StepAnswer* a = m.mutable_answer();
+  for (const v1::StepResponse& p : parts) {
+    if (p.has_header()) *a->mutable_header() = p.header();
+    if (p.has_chunk()) *a->add_chunks() = p.chunk();
+    if (p.has_trailer()) *a->mutable_trailer() = p.trailer();
+  }
+  return m;
+}
+
+TEST(StepAssemblerTest, AWholeAnswerAssemblesAsItsStreamWould) {
+  StepAssembler a;
+  const std::string v = Bytes(kVelocity);
+  absl::StatusOr<bool> done =
+      a.Add(Answer({TwoTensorHeader(), Chunk("velocity", 0, v.substr(0, 8)),
+                    Chunk("velocity", 8, v.substr(8)), Chunk("tap.0", 0, Bytes(kTap)), Trailer()}));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(*done);
+  StepReply reply = a.Take();
+  EXPECT_EQ(reply.trailer.total_us(), 33);
+  EXPECT_TRUE(torch::equal(reply.tensors.at("velocity"), torch::tensor(kVelocity).view({2, 3})));
+  EXPECT_TRUE(torch::equal(reply.tensors.at("tap.0"), torch::tensor(kTap)));
+}
+
+// A whole answer is held to the stream's rules: header and trailer present, every announced byte,
+// chunks in order, and nothing before or after it.
+TEST(StepAssemblerTest, RefusesMalformedWholeAnswers) {
+  const std::string v = Bytes(kVelocity), t = Bytes(kTap);
+  const v1::StepResponse header = TwoTensorHeader(), trailer = Trailer();
+  {
+    StepAssembler a;
+    ExpectDataLoss(a.Add(Answer({Chunk("velocity", 0, v), Chunk("tap.0", 0, t), trailer})),
+                   "an answer without its header");
+  }
+  {
+    StepAssembler a;
+    ExpectDataLoss(a.Add(Answer({header, Chunk("velocity", 0, v), Chunk("tap.0", 0, t)})),
+                   "an answer without its trailer");
+  }
+  {
+    StepAssembler a;
+    ExpectDataLoss(a.Add(Answer({header, Chunk("velocity", 0, v), trailer})),
+                   "tap.0: got 0 of 16 bytes before the trailer");
+  }
+  {
+    StepAssembler a;
+    ExpectDataLoss(a.Add(Answer({header, Chunk("tap.0", 0, t), Chunk("velocity", 0, v), trailer})),
+                   "chunk of tap.0 while velocity was incomplete");
+  }
+  {
+    StepAssembler a;
+    ExpectDataLoss(
+        a.Add(Answer({header, Chunk("velocity", 0, v + "x"), Chunk("tap.0", 0, t), trailer})),
+        "velocity: chunks exceed the announced 24 bytes");
+  }
+  {
+    StepAssembler a;
+    AddPending(a, header);
+    ExpectDataLoss(a.Add(Answer({header, Chunk("velocity", 0, v), Chunk("tap.0", 0, t), trailer})),
+                   "a second header");
+  }
+  {
+    StepAssembler a;
+    ASSERT_TRUE(*a.Add(Answer({Header({}), trailer})));
+    ExpectDataLoss(a.Add(Trailer()), "message after the trailer");
+  }
+}
+
 }  // namespace
 }  // namespace praxis::client

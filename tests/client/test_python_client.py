@@ -22,7 +22,7 @@ if os.path.join(SRC, "client", "python") not in sys.path:
 
 from server_process import Server, loopback_server, metric, tiny_inputs  # noqa: E402
 from praxis_client import (Client, PraxisError, ProtocolError, RpcFailed,  # noqa: E402
-                           StepFailed, assemble, pb)
+                           StepFailed, assemble, make_request, pb)
 
 ALL_OUTPUTS = ["velocity", "cond", "taps", "embeddings", "positions"]
 ALL_NAMES = ["velocity", "cond", "tap.0", "tap.1", "embeddings", "positions"]
@@ -136,6 +136,23 @@ def test_step_equals_cpp_client(server, client, tmp_path):
         assert np.array_equal(cpp[name], py[name]), name
 
 
+def test_a_whole_answer_is_one_message_and_equals_the_stream(server, client):
+    inputs = tiny_inputs(seed=3)
+    with grpc.insecure_channel(server.address) as channel:
+        call = channel.unary_stream("/praxis.v1.Praxis/Step",
+                                    request_serializer=pb.StepRequest.SerializeToString,
+                                    response_deserializer=pb.StepResponse.FromString)
+        for whole in (True, False):
+            request = make_request(**inputs, outputs=ALL_OUTPUTS, whole_answer=whole)
+            kinds = [m.WhichOneof("kind") for m in call(request, timeout=60)]
+            assert kinds[0] == ("answer" if whole else "header") and len(kinds) == (
+                1 if whole else 2 + len(ALL_NAMES)), kinds
+    whole = client.step(**inputs, outputs=ALL_OUTPUTS)
+    streamed = client.step(**inputs, outputs=ALL_OUTPUTS, whole_answer=False)
+    for name in ALL_NAMES:
+        assert np.array_equal(whole.tensors[name], streamed.tensors[name]), name
+
+
 def test_bfloat16_wire_dtype(client):
     inputs = tiny_inputs(seed=2)
     full = client.step(**inputs, outputs=ALL_OUTPUTS).tensors
@@ -237,6 +254,26 @@ def test_assembler_accepts_a_well_formed_stream():
     assert r.total_us == 7
 
 
+def answer(*messages):
+    """The stream's messages as one StepAnswer."""
+    a = pb.StepAnswer()
+    for m in messages:
+        kind = m.WhichOneof("kind")
+        if kind == "chunk":
+            a.chunks.append(m.chunk)
+        else:
+            getattr(a, kind).CopyFrom(getattr(m, kind))
+    return pb.StepResponse(answer=a)
+
+
+def test_assembler_accepts_a_whole_answer():
+    r = assemble([answer(header(("a", 4), ("empty", 0), ("b", 2)), chunk("a", 0, A[:10]),
+                         chunk("a", 10, A[10:]), chunk("b", 0, B), TRAILER)])
+    assert list(r.tensors) == ["a", "empty", "b"]
+    assert np.array_equal(r.tensors["b"], np.arange(2, dtype=np.float32))
+    assert r.total_us == 7
+
+
 @pytest.mark.parametrize("messages, error", [
     ([header(("a", 4)), chunk("a", 0, A[:8]), chunk("a", 12, A[12:]), TRAILER], "offset 12"),
     ([header(("a", 4)), chunk("a", 0, A[:8]), chunk("a", 0, A[:8]), TRAILER], "offset 0"),
@@ -250,6 +287,12 @@ def test_assembler_accepts_a_well_formed_stream():
     ([header(("a", 4)), chunk("a", 0, A)], "without a trailer"),
     ([header(("a", 4)), chunk("a", 0, A), TRAILER, TRAILER], "after the trailer"),
     ([pb.StepResponse()], "empty StepResponse"),
+    ([answer(chunk("a", 0, A), TRAILER)], "without its header"),
+    ([answer(header(("a", 4)), chunk("a", 0, A))], "without its header or trailer"),
+    ([answer(header(("a", 4), ("b", 2)), chunk("a", 0, A), TRAILER)], "0 of 8 bytes"),
+    ([answer(header(("a", 4)), chunk("a", 0, A + B), TRAILER)], "exceed"),
+    ([header(("a", 4)), answer(header(("a", 4)), chunk("a", 0, A), TRAILER)], "second header"),
+    ([answer(header(("a", 4)), chunk("a", 0, A), TRAILER), TRAILER], "after the trailer"),
 ])
 def test_assembler_rejects(messages, error):
     with pytest.raises(ProtocolError, match=error) as e:

@@ -50,7 +50,10 @@ class UnreadCall {
   grpc::Status Drain() {
     drained_ = true;
     v1::StepResponse msg;
-    while (reader_->Read(&msg)) bytes_ += static_cast<int64_t>(msg.chunk().data().size());
+    while (reader_->Read(&msg)) {
+      bytes_ += static_cast<int64_t>(msg.chunk().data().size());
+      for (const v1::TensorChunk& c : msg.answer().chunks()) bytes_ += std::ssize(c.data());
+    }
     return reader_->Finish();
   }
   int64_t bytes() const { return bytes_; }  // tensor bytes read by Drain

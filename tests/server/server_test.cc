@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/praxis_client.h"
+#include "client/step_assembler.h"
 #include "model/model_loader.h"
 #include "server/step_request.h"
 #include "tests/server/fake_step_runner.h"
@@ -152,6 +153,50 @@ TEST_F(ServerTest, OutputsArriveInBoundedContiguousChunks) {
   // velocity: 3 x 4 x 3 x 4 x 10 floats = 5760 bytes; tap.1: 3 x 97 x 64 floats.
   EXPECT_EQ(received["velocity"], 3 * 4 * 3 * 4 * 10 * 4);
   EXPECT_GT(max_chunks_per_tensor, 1);
+}
+
+// Asked for, an answer that fits one chunk is one StepAnswer message on a Step call and on each
+// step of a Session, and assembles to the model's output; not asked for, the stream of three.
+TEST_F(ServerTest, AWholeAnswerIsOneMessageOnStepAndSession) {
+  v1::StepRequest r = Request(kLayouts[0], 77);
+  r.mutable_outputs()->Clear();
+  r.mutable_outputs()->set_velocity(true);
+  const torch::Tensor want = Expected(r).at("velocity");
+  ASSERT_LE(want.nbytes(), static_cast<size_t>(kChunkBytes));
+  auto stub = v1::Praxis::NewStub(client_->channel());
+  for (const bool whole : {true, false}) {
+    SCOPED_TRACE(whole ? "whole answer" : "stream");
+    r.set_whole_answer(whole);
+    const size_t messages = whole ? 1 : 3;  // header, one chunk, trailer
+    {
+      grpc::ClientContext ctx;
+      auto reader = stub->Step(&ctx, r);
+      client::StepAssembler assembler;
+      std::vector<v1::StepResponse> got;
+      for (v1::StepResponse msg; reader->Read(&msg);) got.push_back(msg);
+      ASSERT_TRUE(reader->Finish().ok());
+      ASSERT_EQ(got.size(), messages);
+      EXPECT_EQ(got[0].has_answer(), whole);
+      for (const v1::StepResponse& msg : got) ASSERT_TRUE(assembler.Add(msg).ok());
+      EXPECT_TRUE(torch::equal(assembler.Take().tensors.at("velocity"), want));
+    }
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(stream->Write(r));
+      client::StepAssembler assembler;
+      size_t read = 0;
+      absl::StatusOr<bool> done = false;
+      for (v1::StepResponse msg; done.ok() && !*done && stream->Read(&msg); ++read) {
+        done = assembler.Add(msg);
+      }
+      ASSERT_TRUE(done.ok() && *done) << done.status();
+      EXPECT_EQ(read, messages) << "step " << step;
+      EXPECT_TRUE(torch::equal(assembler.Take().tensors.at("velocity"), want));
+    }
+    ASSERT_TRUE(stream->WritesDone());
+    EXPECT_TRUE(stream->Finish().ok());
+  }
 }
 
 TEST_F(ServerTest, ConcurrentCallersEachGetTheirOwnRows) {

@@ -122,6 +122,56 @@ TEST(StepResponderTest, EveryWireDtypeAndChunkSizeSendsTheConvertedRow) {
   }
 }
 
+// The messages of one answer: the stream's, or its one StepAnswer split back into them.
+std::vector<v1::StepResponse> Messages(StepResponder& responder) {
+  std::vector<v1::StepResponse> out;
+  v1::StepResponse msg;
+  while (*responder.Next(&msg)) {
+    if (!msg.has_answer()) {
+      out.push_back(msg);
+      continue;
+    }
+    EXPECT_TRUE(responder.finished()) << "the whole answer is the last message";
+    const v1::StepAnswer& a = msg.answer();
+    out.emplace_back().mutable_header()->CopyFrom(a.header());
+    for (const v1::TensorChunk& c : a.chunks()) out.emplace_back().mutable_chunk()->CopyFrom(c);
+    out.emplace_back().mutable_trailer()->CopyFrom(a.trailer());
+  }
+  return out;
+}
+
+// Asked for, an answer whose tensor bytes fit in one chunk comes as one StepAnswer carrying the
+// stream's header and chunks (the trailer's timing aside); one byte over, as the stream.
+TEST(StepResponderTest, AWholeAnswerIsTheStreamInOneMessageWhereItFits) {
+  v1::StepRequest request = fixtures::Valid();
+  request.mutable_outputs()->set_cond(true);
+  request.mutable_outputs()->set_positions(true);
+  request.set_wire_dtype(v1::BFLOAT16);
+  Answered a(request, /*batch_rows=*/2, /*row=*/1);
+  OutputPlan whole = a.step.outputs;
+  ASSERT_FALSE(whole.whole_answer) << "the fixture does not ask";
+  whole.whole_answer = true;
+  const int64_t bytes = a.step.outputs.response_bytes;
+  for (const int64_t chunk : {bytes, bytes - 1}) {
+    auto streamed = StepResponder::Create(a.result, a.step.outputs, "id", absl::Now(), chunk);
+    auto answered = StepResponder::Create(a.result, whole, "id", absl::Now(), chunk);
+    ASSERT_TRUE(streamed.ok() && answered.ok());
+    v1::StepResponse first;
+    ASSERT_TRUE(*answered->Next(&first));
+    EXPECT_EQ(first.has_answer(), chunk == bytes) << "chunk limit " << chunk;
+    answered = StepResponder::Create(a.result, whole, "id", absl::Now(), chunk);
+    const std::vector<v1::StepResponse> want = Messages(*streamed), got = Messages(*answered);
+    ASSERT_EQ(got.size(), want.size()) << "chunk limit " << chunk;
+    ASSERT_GE(want.size(), 6u) << "header, four outputs, trailer";
+    for (size_t i = 0; i + 1 < want.size(); ++i) {
+      EXPECT_EQ(got[i].SerializeAsString(), want[i].SerializeAsString()) << "message " << i;
+    }
+    EXPECT_TRUE(got.back().has_trailer());
+    v1::StepResponse after;
+    EXPECT_FALSE(*answered->Next(&after)) << "nothing after the answer";
+  }
+}
+
 TEST(StepResponderTest, RefusesAChunkLimitBelowOneElement) {
   Answered a(fixtures::Valid());
   EXPECT_EQ(StepResponder::Create(a.result, a.step.outputs, "", absl::Now(), 7).status().code(),

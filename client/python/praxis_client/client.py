@@ -57,7 +57,8 @@ class Client:
     def step(self, *, text, anchor, noised, timesteps, clean=None, frames_per_chunk: int = 1,
              decode: bool = True, outputs: Sequence[str] = ("velocity",),
              rope_shifts: Optional[Sequence[int]] = None, wire_dtype: str = "float32",
-             request_id: str = "", timeout: Optional[float] = None) -> StepResult:
+             request_id: str = "", whole_answer: bool = True,
+             timeout: Optional[float] = None) -> StepResult:
         """Runs one denoising step and returns its StepResult.
 
         Inputs are numpy arrays (float32 or float16 as given, anything else converted to float32):
@@ -69,6 +70,9 @@ class Client:
         `wire_dtype` is the dtype float outputs travel in: "float32", "float16" (returned as
         float16) or "bfloat16" (halves the bytes; returned as float32, exactly the bfloat16 values,
         i.e. float32 whose lower 16 bits are zero). Positions are int64 whatever the wire dtype.
+        `whole_answer` asks for the answer in one message where it fits the server's chunk size
+        (one gRPC message to read instead of a header, chunks and a trailer); either way the result
+        is the same.
 
         Raises RpcFailed (INVALID_ARGUMENT naming the field for a malformed request), ProtocolError
         for a malformed answer.
@@ -76,7 +80,7 @@ class Client:
         request = make_request(text=text, anchor=anchor, noised=noised, timesteps=timesteps,
                                clean=clean, frames_per_chunk=frames_per_chunk, decode=decode,
                                outputs=outputs, rope_shifts=rope_shifts, wire_dtype=wire_dtype,
-                               request_id=request_id)
+                               request_id=request_id, whole_answer=whole_answer)
         return self._retrying(lambda t: self._step_once(request, t), timeout)
 
     def info(self, timeout: Optional[float] = None) -> "pb.ModelInfo":

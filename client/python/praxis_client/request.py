@@ -39,7 +39,7 @@ def output_selection(outputs: Sequence[str]) -> "pb.OutputSelection":
 def make_request(*, text, anchor, noised, timesteps, clean=None, frames_per_chunk: int = 1,
                  decode: bool = True, outputs: Sequence[str] = ("velocity",),
                  rope_shifts: Optional[Sequence[int]] = None, wire_dtype: str = "float32",
-                 request_id: str = "") -> "pb.StepRequest":
+                 request_id: str = "", whole_answer: bool = True) -> "pb.StepRequest":
     """The StepRequest for one step; the arguments are those of Client.step.
 
     Only what cannot be encoded is checked here (ValueError for unknown outputs or wire dtypes);
@@ -51,7 +51,8 @@ def make_request(*, text, anchor, noised, timesteps, clean=None, frames_per_chun
                        noised=wire_tensor(noised), timesteps=wire_tensor(timesteps),
                        frames_per_chunk=operator.index(frames_per_chunk), decode=decode,
                        rope_shifts=list(rope_shifts or ()), outputs=output_selection(outputs),
-                       wire_dtype=WIRE_DTYPES[wire_dtype], request_id=request_id)
+                       wire_dtype=WIRE_DTYPES[wire_dtype], request_id=request_id,
+                       whole_answer=whole_answer)
     if clean is not None:
         r.clean.CopyFrom(wire_tensor(clean))
     return r

@@ -86,9 +86,10 @@ class StepAssembler:
 
     The order must be: a header; then for each tensor it announces, in order, chunks of that name
     whose offsets are contiguous from 0 and whose sizes add up to exactly its nbytes (a zero-byte
-    tensor has no chunks); then a trailer. Each announced tensor must be one this client can hold
-    (known dtype, non-negative shape whose exact byte size is its nbytes), checked on the header.
-    Anything else raises ProtocolError; a StepError message raises StepFailed.
+    tensor has no chunks); then a trailer — as separate messages, or all in one StepAnswer (the
+    request's whole_answer). Each announced tensor must be one this client can hold (known dtype,
+    non-negative shape whose exact byte size is its nbytes), checked on the header. Anything else
+    raises ProtocolError; a StepError message raises StepFailed.
     """
 
     def __init__(self):
@@ -107,24 +108,39 @@ class StepAssembler:
             raise StepFailed(status_code(msg.error.code), msg.error.message)
         if kind is None:
             raise ProtocolError("an empty StepResponse")
+        if kind == "answer":
+            # The stream's messages in one, held to the same order and sizes.
+            a = msg.answer
+            if not a.HasField("header") or not a.HasField("trailer"):
+                raise ProtocolError("an answer without its header or trailer")
+            self._add_header(a.header)
+            for c in a.chunks:
+                self._add_chunk(c)
+            return self._add_trailer(a.trailer)
         if kind == "header":
-            if self._header is not None:
-                raise ProtocolError("a second header")
-            for t in msg.header.tensors:
-                _check_header(t)
-            self._header = msg.header
+            self._add_header(msg.header)
             return False
         if self._header is None:
             raise ProtocolError(f"a {kind} before the header")
-        self._skip_empty()
         if kind == "chunk":
             self._add_chunk(msg.chunk)
             return False
+        return self._add_trailer(msg.trailer)
+
+    def _add_header(self, h: "pb.StepHeader"):
+        if self._header is not None:
+            raise ProtocolError("a second header")
+        for t in h.tensors:
+            _check_header(t)
+        self._header = h
+
+    def _add_trailer(self, trailer: "pb.StepTrailer") -> bool:
+        self._skip_empty()
         if self._current < len(self._header.tensors):
             t = self._header.tensors[self._current]
             raise ProtocolError(
                 f"{t.name}: got {len(self._buffer)} of {t.nbytes} bytes before the trailer")
-        self._result = StepResult(self._header, self._tensors, msg.trailer)
+        self._result = StepResult(self._header, self._tensors, trailer)
         return True
 
     def result(self) -> StepResult:
@@ -134,6 +150,7 @@ class StepAssembler:
         return self._result
 
     def _add_chunk(self, c: "pb.TensorChunk"):
+        self._skip_empty()
         if self._current >= len(self._header.tensors):
             raise ProtocolError(f"{c.name}: a chunk after every tensor was complete")
         t = self._header.tensors[self._current]
