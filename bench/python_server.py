@@ -25,7 +25,8 @@ Serves Praxis.Step, Praxis.Session, Praxis.GetModelInfo and grpc.health.v1.Healt
 as praxis-server does so that praxis-load, praxis-cli and praxis_client drive it unchanged: a
 StepHeader (layout key, one TensorHeader per requested output in praxis-server's order, spans,
 queue_us, compute_us, batch_rows, request_id), then each output's bytes little-endian in the wire
-dtype in TensorChunks of whole elements at most --max_chunk_bytes long, then a StepTrailer.
+dtype in TensorChunks of whole elements at most --max_chunk_bytes long, then a StepTrailer — or all
+of them in one StepAnswer where the request asks (whole_answer) and the tensors fit one chunk.
 Requests are checked for what the model needs (tensors present, dtypes, shapes, outputs) and
 refused INVALID_ARGUMENT naming the field. Not served: TLS, tokens, reflection, metrics, and
 praxis-server's resource limits (cost, tokens, queue and message bytes, input magnitudes) —

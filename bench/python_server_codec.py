@@ -126,6 +126,7 @@ class Step:
         self.rope_shifts = tuple(r.rope_shifts) or (0, 0, 0, 0)
         self.rows = b
         self.request_id = r.request_id
+        self.whole_answer = r.whole_answer
         self.key = layout_key(r)  # the clients' function: one layout key per language
 
 
@@ -153,7 +154,9 @@ def wire_bytes(t: torch.Tensor, wire: int) -> tuple[int, bytes]:
 
 
 def answer(step: Step, r: Result, accepted: float, max_chunk_bytes: int):
-    """The StepResponses of one step: header, chunks of each output in order, trailer."""
+    """The StepResponses of one step: header, chunks of each output in order, trailer; or, as
+    praxis-server answers a request that asks (whole_answer) where the tensors fit one chunk, all
+    of them in one StepAnswer."""
     ft = r.features
     queue_us, compute_us = int(r.queue_s * 1e6), int(r.compute_s * 1e6)
     h = pb.StepHeader(layout_key=step.key, request_id=step.request_id, queue_us=queue_us,
@@ -170,11 +173,21 @@ def answer(step: Step, r: Result, accepted: float, max_chunk_bytes: int):
         dtype, data = wire_bytes(t, step.wire)
         h.tensors.add(name=name, dtype=dtype, shape=list(t.shape), nbytes=len(data))
         blobs.append((name, data, np.dtype(WIRE[dtype][1]).itemsize))
+
+    def chunks():
+        for name, data, size in blobs:
+            per = max_chunk_bytes // size * size  # whole elements, as praxis-server cuts them
+            for off in range(0, len(data), per):
+                yield pb.TensorChunk(name=name, offset=off, data=data[off:off + per])
+
+    def trailer():
+        total_us = int((time.perf_counter() - accepted) * 1e6)
+        return pb.StepTrailer(queue_us=queue_us, compute_us=compute_us, total_us=total_us)
+
+    if step.whole_answer and sum(len(data) for _, data, _ in blobs) <= max_chunk_bytes:
+        yield pb.StepResponse(answer=pb.StepAnswer(header=h, chunks=list(chunks()), trailer=trailer()))
+        return
     yield pb.StepResponse(header=h)
-    for name, data, size in blobs:
-        per = max_chunk_bytes // size * size  # whole elements, as praxis-server cuts them
-        for off in range(0, len(data), per):
-            yield pb.StepResponse(chunk=pb.TensorChunk(name=name, offset=off, data=data[off:off + per]))
-    total_us = int((time.perf_counter() - accepted) * 1e6)
-    yield pb.StepResponse(trailer=pb.StepTrailer(queue_us=queue_us, compute_us=compute_us,
-                                                 total_us=total_us))
+    for c in chunks():
+        yield pb.StepResponse(chunk=c)
+    yield pb.StepResponse(trailer=trailer())
