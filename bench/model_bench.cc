@@ -226,9 +226,11 @@ BENCHMARK(BM_EncoderAttention)
 
 // One attention call of the bench config's heads (2 of 64, 1 kv head) at the small layout, on the
 // CPU's tile kernel (bf16 on the matrix units where the CPU has them, float32 on FMAs): args
-// {tower: 0 encoder, 1 decoder; dtype: 0 bf16, 1 float32; rows}. Its useful GFLOP/s (allowed
-// pairs) is held against BM_Matmul's in the same dtype: the largest non-GEMM share of a bench
-// small float32 step of 8 rows.
+// {tower: 0 encoder, 1 decoder; dtype: 0 bf16, 1 float32; rows; spread}. Its useful GFLOP/s
+// (allowed pairs) is held against BM_Matmul's in the same dtype: the largest non-GEMM share of a
+// bench small float32 step of 8 rows. spread scales q: scores of std ~1 nat at 1, ~30 at 30, where
+// most of a row lies over 87 nats below its max (e^-87 underflows float32's normal range) — the
+// softmax's exp must cost the same there.
 void BM_SmallAttention(benchmark::State& state) {
   torch::set_num_threads(2);
   const BackboneConfig c = BenchConfig();
@@ -243,7 +245,8 @@ void BM_SmallAttention(benchmark::State& state) {
   const auto dt = state.range(1) == 0 ? torch::kBFloat16 : torch::kFloat32;
   const auto opts = torch::TensorOptions().dtype(dt);
   torch::manual_seed(4);
-  const torch::Tensor q = torch::randn({rows, c.num_heads, t, hd}, opts);
+  const torch::Tensor q =
+      (torch::randn({rows, c.num_heads, t, hd}) * static_cast<double>(state.range(3))).to(dt);
   const torch::Tensor k = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
   const torch::Tensor v = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
   const AttentionPlan plan = BuildAttentionPlan(
@@ -256,7 +259,9 @@ void BM_SmallAttention(benchmark::State& state) {
       benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_SmallAttention)
-    ->ArgsProduct({{0, 1}, {0, 1}, {1, 8}})
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 8}, {1}})
+    ->Args({0, 0, 8, 30})
+    ->Args({0, 1, 8, 30})
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.5)
     ->UseRealTime();

@@ -386,9 +386,9 @@ float SoftmaxRowPortable(const float* s, int64_t padded, const uint8_t* mask, fl
 }
 
 #if defined(PRAXIS_X86_SIMD)
-#define PRAXIS_AVX512 __attribute__((target("avx512f")))
+#define PRAXIS_AVX512 __attribute__((target("avx512f,avx512dq")))
 // For the per-vector steps of the softmax loops: GCC does not always inline them there.
-#define PRAXIS_AVX512_INLINE inline __attribute__((target("avx512f"), always_inline))
+#define PRAXIS_AVX512_INLINE inline __attribute__((target("avx512f,avx512dq"), always_inline))
 
 // The same steps in AVX-512 (what every CPU this server is deployed on has, Intel and AMD).
 // BlockProduct's rows [r0, r0 + R) and columns [n0, n0 + C·kLanes) in R·C registers: each b load
@@ -457,28 +457,33 @@ PRAXIS_AVX512 float HorizontalSum(__m512 x) {
   return _mm512_cvtss_f32(x);
 }
 
-// Fits of 2^f on [-1/2, 1/2], highest coefficient first (least squares in relative error at
-// Chebyshev nodes): degree 5, relative error 8e-8 (as expf_cephes), for float32 probabilities;
+// Fits of 2^f on [0, 1), highest coefficient first (least squares in relative error at Chebyshev
+// nodes): degree 5, relative error 1.6e-7 (evaluated in float32), for float32 probabilities;
 // degree 4, 2.7e-6, where they are rounded to bf16 (2^-9) before use.
-constexpr float kExp2Fit5[] = {1.3266970636e-3f, 9.6754599362e-3f, 5.5507425219e-2f,
-                               2.4022121727e-1f, 6.9314694405e-1f, 1.0000001192e+0f};
-constexpr float kExp2Fit4[] = {9.5605105162e-3f, 5.5917039514e-2f, 2.4024981260e-1f,
-                               6.9312196970e-1f, 9.9999916553e-1f};
+constexpr float kExp2Fit5[] = {1.8762329128e-03f, 8.9925844222e-03f, 5.5823605508e-02f,
+                               2.4015453458e-01f, 6.9315296412e-01f, 9.9999994040e-01f};
+constexpr float kExp2Fit4[] = {1.3520603068e-02f, 5.2037429065e-02f, 2.4142749608e-01f,
+                               6.9300663471e-01f, 1.0000025034e+00f};
 
-// 2^x for the attention's x = (s·scale - m)·log2 e (at most kMaxLead): 2^n·P(f) with
-// n = round(x), f = x - n in [-1/2, 1/2] and P one of the fits above, the 2^n by vscalefps; x
-// clamped to -126 (2^-126 adds nothing beside the row's max term, whose p is about 1). Lanes
+// Where Exp2Avx512 clamps x: 2^-64 in place of any smaller p changes nothing that a row's sum
+// (at least its max term, about 1) could hold in float32 (2^-24), over fewer than 2^40 keys; and
+// every p, and every p·v the float32 path accumulates, stays a normal float: a denormal result
+// costs a microcode assist per instruction, which made rows whose scores lie far below their max
+// (spread 30 in model_bench's BM_SmallAttention) 1.7x slower in float32 and 4.5x in bf16.
+constexpr float kExp2Floor = -64.0f;
+
+// 2^x for the attention's x = (s·scale - m)·log2 e (at most kMaxLead), clamped to kExp2Floor:
+// 2^floor(x)·P(f) with f = x - floor(x) in [0, 1) by vreduceps and P one of the fits above, the
+// 2^floor(x) by vscalefps (which floors x itself). A score of -inf gives 2^kExp2Floor; lanes
 // outside `keep` are 0. About half the instructions of expf_cephes' e^x, which needs the two-part
 // reduction by ln 2 and the exponent built by integer arithmetic.
 template <size_t N>
 PRAXIS_AVX512_INLINE __m512 Exp2Avx512(__m512 x, __mmask16 keep, const float (&fit)[N]) {
-  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(-126.0f));
-  const __m512 n =
-      _mm512_mask_roundscale_ps(x, kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
+  x = _mm512_mask_max_ps(x, kAll, x, _mm512_set1_ps(kExp2Floor));
+  const __m512 f = _mm512_mask_reduce_ps(x, kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(fit[0]);
   for (size_t i = 1; i < N; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fit[i]));
-  return _mm512_maskz_scalef_ps(keep, p, n);
+  return _mm512_maskz_scalef_ps(keep, p, x);
 }
 
 // RouterRow's AVX-512 steps (see there). Past the last expert the last row is read again (so
@@ -508,7 +513,8 @@ PRAXIS_AVX512 void RouterRowAvx512(const float* x, const float* router, int64_t 
   }
 }
 
-// SiluMulRow in AVX-512: e^-a = 2^n·P(f) with kExp2Fit5 (f = -a·log2 e - n reduced by FMAs, with
+// SiluMulRow in AVX-512: e^-a = 2^n·P(f) with kExp2Fit5 (n = floor(-a·log2 e), f = -a·log2 e - n
+// reduced by FMAs, with
 // log2 e in two parts: one product rounded to float32 would be ~5e-7 off at a = -9), and
 // 1 / (1 + e^-a) by vrcp14ps and one Newton step instead of vdivps, which alone took longer than
 // the rest of the row. Where e^-a overflows (a below about -88) the reciprocal is 0 (silu = -0, as
@@ -525,7 +531,7 @@ PRAXIS_AVX512 void SiluMulRowAvx512(const float* a, const float* b, float* out, 
         _mm512_mask_max_ps(x, kAll, _mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-87.0f));
     const __m512 e2 = _mm512_mask_mul_ps(neg, kAll, neg, log2e);
     const __m512 k =
-        _mm512_mask_roundscale_ps(e2, kAll, e2, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_mask_roundscale_ps(e2, kAll, e2, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_fmadd_ps(neg, log2e_lo, _mm512_fmsub_ps(neg, log2e, k));
     __m512 p = _mm512_set1_ps(kExp2Fit5[0]);
     for (size_t j = 1; j < std::size(kExp2Fit5); ++j) {
@@ -589,7 +595,7 @@ inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m51
 // and 1 / (1 + e^-a) vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside
 // the rounding). Converting the rows to float32 buffers and back around the float32 kernel took
 // 1.4x its time.
-__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void SiluMulRowBf16Avx512(
+__attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void SiluMulRowBf16Avx512(
     const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n) {
   const __m512 log2e = _mm512_set1_ps(kLog2e), one = _mm512_set1_ps(1.0f),
                inf = _mm512_set1_ps(INFINITY);
@@ -631,31 +637,54 @@ PRAXIS_AVX512_INLINE float MaskedRowMax(const float* s, int64_t padded, const ui
   return HorizontalMax(_mm512_mask_max_ps(mx0, kAll, mx0, mx1)) * scale;
 }
 
-// The allowed lanes of e^(s·scale - m) from column c, 0 elsewhere, with factor = scale·log2 e
-// and shift = m·log2 e (ExpFactors); `lead` keeps the largest exponent (log2 units) of the allowed
-// lanes, for the callers that run against a max m they have not checked.
-template <size_t N>
-PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64_t c, __m512 factor,
-                                      __m512 shift, __m512* lead, const float (&fit)[N]) {
-  const __mmask16 keep = AllowedLanes(mask, c);
-  const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift);
-  *lead = _mm512_mask_max_ps(*lead, keep, *lead, x);
-  return Exp2Avx512(x, keep, fit);
-}
-
-// MaskedExp's factor and shift for a row's scale and max.
-PRAXIS_AVX512_INLINE void ExpFactors(float scale, float m_new, __m512* factor, __m512* shift) {
-  *factor = _mm512_set1_ps(scale * kLog2e);
-  *shift = _mm512_set1_ps(m_new * kLog2e);
-}
-
 // How far (log2 units) the one-pass softmax steps let a score lead the max they run against.
 constexpr float kMaxLead = 16.0f;
+
+// Whether a one-pass exp's sum says that some p may exceed 2^kMaxLead (every p <= the sum): then
+// the pass runs again against the row's own max. Far rarer than the lead itself: against the
+// row's max, p <= 1 and the sum <= the row's width. NaN reads as a lead.
+inline bool SumLeads(float sum) { return !(sum <= std::exp2(kMaxLead)); }
+
+// e^(s·scale - m) for the 16 columns from c as factor = scale·log2 e and shift = m·log2 e give
+// them, 0 on the lanes `mask` does not allow (kMasked; without, every lane: the exp loops below
+// are instantiated both ways, so that a segment without a mask runs no per-vector branch).
+template <bool kMasked, size_t N>
+PRAXIS_AVX512_INLINE __m512 MaskedExp(const float* s, const uint8_t* mask, int64_t c, __m512 factor,
+                                      __m512 shift, const float (&fit)[N]) {
+  const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + c), factor, shift);
+  return Exp2Avx512(x, kMasked ? AllowedLanes(mask, c) : kAll, fit);
+}
+
+// The exp pass of SoftmaxRowAvx512 against max m: p = e^(s·scale - m) on the allowed lanes,
+// float32, 32 columns per iteration with two sums (one chain of adds would wait on each add's
+// latency). Returns the sum of p.
+template <bool kMasked>
+PRAXIS_AVX512 float ExpRowToFloat(const float* s, int64_t padded, const uint8_t* mask, float scale,
+                                  float m, float* p) {
+  const __m512 factor = _mm512_set1_ps(scale * kLog2e), shift = _mm512_set1_ps(m * kLog2e);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit5);
+    const __m512 e1 = MaskedExp<kMasked>(s, mask, c + kLanes, factor, shift, kExp2Fit5);
+    _mm512_storeu_ps(p + c, e0);
+    _mm512_storeu_ps(p + c + kLanes, e1);
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+  }
+  if (c < padded) {
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit5);
+    _mm512_storeu_ps(p + c, e0);
+    sum0 = _mm512_add_ps(sum0, e0);
+  }
+  return HorizontalSum(_mm512_add_ps(sum0, sum1));
+}
 
 // SoftmaxRowPortable's step, in one pass where it can: against a reference max, the row's max
 // so far or on its first segment the largest of its first allowed 16 scores, p may exceed 1 by up
 // to 2^kMaxLead (far inside float32's range: l and the output scale alike, no precision lost).
-// Only scores that lead the reference by more run again, in two passes: their max, then p.
+// Only where the sum says a score may lead the reference by more (SumLeads) does the row run
+// again, in two passes: its max, then p.
 PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8_t* mask,
                                      float scale, float* m, float* l, float* p) {
   float ref = *m;
@@ -664,8 +693,7 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8
     ref = HorizontalMax(_mm512_mask_max_ps(none, AllowedLanes(mask, 0), none, _mm512_loadu_ps(s))) *
           scale;
   }
-  bool tried = false;
-  for (;;) {
+  for (bool tried = false;; tried = true) {
     if (ref == kNegInf) {
       ref = std::max(*m, MaskedRowMax(s, padded, mask, scale));
       if (ref == kNegInf) {
@@ -673,71 +701,53 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8
         return 1.0f;
       }
     }
-    __m512 factor, shift;
-    ExpFactors(scale, ref, &factor, &shift);
-    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, lead = _mm512_set1_ps(kNegInf);
-    int64_t c = 0;
-    for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
-      const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
-      const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead, kExp2Fit5);
-      _mm512_storeu_ps(p + c, e0);
-      _mm512_storeu_ps(p + c + kLanes, e1);
-      sum0 = _mm512_add_ps(sum0, e0);
-      sum1 = _mm512_add_ps(sum1, e1);
-    }
-    if (c < padded) {
-      const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit5);
-      _mm512_storeu_ps(p + c, e0);
-      sum0 = _mm512_add_ps(sum0, e0);
-    }
-    if (tried || _mm512_cmp_ps_mask(lead, _mm512_set1_ps(kMaxLead), _CMP_GT_OQ) == 0) {
-      return FoldRow(m, l, ref, HorizontalSum(_mm512_add_ps(sum0, sum1)));  // ref >= *m
-    }
-    ref = kNegInf;  // a score leads by more: again against the row's own max
-    tried = true;
+    const float sum = mask != nullptr ? ExpRowToFloat<true>(s, padded, mask, scale, ref, p)
+                                      : ExpRowToFloat<false>(s, padded, mask, scale, ref, p);
+    if (tried || !SumLeads(sum)) return FoldRow(m, l, ref, sum);  // ref >= *m
+    ref = kNegInf;  // a score may lead by more: again against the row's own max
   }
 }
 
-// The exp pass of SoftmaxRowToBf16 against max m: p = e^(s·scale - m) on the allowed lanes as
-// bf16 (round to nearest even, by the CPU's AVX512-BF16 conversion, which every CPU with AMX-BF16
-// has), 32 columns per iteration with two sums (one chain of adds would wait on each add's
-// latency). Returns the sum of p; *led says whether an allowed score exceeds m by more than
-// kMaxLead in log2 units.
-__attribute__((target("avx512f,avx512bf16"))) float ExpRowToBf16(const float* s, int64_t padded,
-                                                                 const uint8_t* mask, float scale,
-                                                                 float m, at::BFloat16* p,
-                                                                 bool* led) {
-  __m512 factor, shift;
-  ExpFactors(scale, m, &factor, &shift);
-  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0, lead = _mm512_set1_ps(kNegInf);
+// ExpRowToFloat's pass with p rounded to bf16 (to nearest even, by the CPU's AVX512-BF16
+// conversion, which every CPU with AMX-BF16 has); the exp to kExp2Fit4, inside that rounding.
+template <bool kMasked>
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16Pass(
+    const float* s, int64_t padded, const uint8_t* mask, float scale, float m, at::BFloat16* p) {
+  const __m512 factor = _mm512_set1_ps(scale * kLog2e), shift = _mm512_set1_ps(m * kLog2e);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
   int64_t c = 0;
   for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit4);
-    const __m512 e1 = MaskedExp(s, mask, c + kLanes, factor, shift, &lead, kExp2Fit4);
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit4);
+    const __m512 e1 = MaskedExp<kMasked>(s, mask, c + kLanes, factor, shift, kExp2Fit4);
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
     _mm512_storeu_si512(p + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
   }
   if (c < padded) {
-    const __m512 e0 = MaskedExp(s, mask, c, factor, shift, &lead, kExp2Fit4);
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit4);
     sum0 = _mm512_add_ps(sum0, e0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e0)));
   }
-  *led = _mm512_cmp_ps_mask(lead, _mm512_set1_ps(kMaxLead), _CMP_GT_OQ) != 0;
   return HorizontalSum(_mm512_add_ps(sum0, sum1));
+}
+
+// ExpRowToBf16Pass with or without a mask (null: every lane allowed).
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16(
+    const float* s, int64_t padded, const uint8_t* mask, float scale, float m, at::BFloat16* p) {
+  return mask != nullptr ? ExpRowToBf16Pass<true>(s, padded, mask, scale, m, p)
+                         : ExpRowToBf16Pass<false>(s, padded, mask, scale, m, p);
 }
 
 // The softmax step for the matrix units, p written as bf16. Once a row has a max m, its later
 // segments run against it in one pass: no max pass and no rescaling (alpha 1), p up to
 // 2^kMaxLead (far inside float32's and bf16's range, no precision lost: l and the output scale
-// alike). Only a segment with a score more than that above m runs again against its own max.
+// alike). Only a segment whose sum says a score may lead by more runs again against its own max.
 PRAXIS_AVX512 float SoftmaxRowToBf16(const float* s, int64_t padded, const uint8_t* mask,
                                      float scale, float* m, float* l, at::BFloat16* p) {
-  bool led = true;
   if (*m != kNegInf) {
-    const float sum = ExpRowToBf16(s, padded, mask, scale, *m, p, &led);
-    if (!led) {
+    const float sum = ExpRowToBf16(s, padded, mask, scale, *m, p);
+    if (!SumLeads(sum)) {
       *l += sum;
       return 1.0f;
     }
@@ -747,15 +757,16 @@ PRAXIS_AVX512 float SoftmaxRowToBf16(const float* s, int64_t padded, const uint8
     std::fill(p, p + padded, at::BFloat16(0.0f));
     return 1.0f;
   }
-  return FoldRow(m, l, m_new, ExpRowToBf16(s, padded, mask, scale, m_new, p, &led));
+  return FoldRow(m, l, m_new, ExpRowToBf16(s, padded, mask, scale, m_new, p));
 }
 
 #endif
 
-// Whether this CPU has AVX-512F (read once): the kernels' *Avx512 rows need it.
+// Whether this CPU has AVX-512F and DQ (read once): the kernels' *Avx512 rows need them (DQ for
+// vreduceps in Exp2Avx512; every AVX-512 CPU since Skylake-SP has both).
 bool HasAvx512() {
 #if defined(PRAXIS_X86_SIMD)
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   return has;
 #else
   return false;
