@@ -1411,7 +1411,8 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
 
 // Whether TileAttention (kBest) runs heads of `dtype` and `hd` on the bf16 matrix units.
 bool TakesMatrixUnits(torch::ScalarType dtype, int64_t hd) {
-  return dtype == at::kBFloat16 && hd > kNarrowHeadDim && hd % 2 == 0 && HasBf16MatrixUnits();
+  return dtype == at::kBFloat16 && hd >= kMatrixUnitsMinHeadDim && hd % 2 == 0 &&
+         HasBf16MatrixUnits();
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ struct AttentionTiles {
 // [B, T, H] of q's dtype, any strides; `gate_bias`, float32 [H], added to them, or none) returns
 // GateHeads(that, gate, gate_bias) instead, gated as it is stored. The two products run as float32
 // FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest also takes the bf16 matrix units for
-// bf16 heads wider than kNarrowHeadDim where the CPU has them (HasBf16MatrixUnits; the
+// bf16 heads of kMatrixUnitsMinHeadDim and wider where the CPU has them (HasBf16MatrixUnits; the
 // probabilities are then rounded to bf16 before p·v, as LibTorch's flash kernel does).
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
@@ -143,9 +143,15 @@ struct TileShape {
 };
 TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block);
 
-// 16-bit heads up to this width run on float32 FMAs: matrix units (AMX's products are 32 deep)
-// and LibTorch's flash kernel spend as much on a narrow head's padding and per-block work as on
-// its products (measured: tiny config, head dim 16, docs/benchmarks.md stops 22 and 23).
+// bf16 heads at least this wide take the matrix units in TileAttention where the CPU has them.
+// AMX's products are 32 deep, so a head of 16 pads q·kᵀ to twice its depth; at stop 23 that made
+// the tiny config's medium step 1.08x float32 FMAs' time, and once the softmax's exp had become
+// cheaper, 0.77x (B8) and 0.85x (B1) (docs/benchmarks.md, stop 45). Narrower heads: not measured.
+inline constexpr int64_t kMatrixUnitsMinHeadDim = 16;
+
+// float16 heads up to this width run TileAttention's float32 FMAs; wider ones LibTorch's flash
+// kernel, which at a narrow head spends as much on per-block work as on its products (measured:
+// tiny config, head dim 16, docs/benchmarks.md stop 22).
 inline constexpr int64_t kNarrowHeadDim = 32;
 
 // Whether this CPU multiplies bf16 matrices on matrix units (AMX, through oneDNN's brgemm as

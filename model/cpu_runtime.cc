@@ -210,11 +210,12 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
     implies = absl::StrCat(in_float32, measured);
   } else if (dtype == torch::kBFloat16) {
     // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
-    // for heads wider than cpu::kNarrowHeadDim; without AMX they stay float32 FMAs.
-    implies = isa.amx_bf16 ? absl::StrCat("bfloat16 matmuls run on AMX tiles", measured,
-                                          ", attention too at head dims over ", cpu::kNarrowHeadDim)
-                           : absl::StrCat("bfloat16 matmuls run on AVX512-BF16", measured,
-                                          "; attention runs float32 FMAs here (no AMX)");
+    // for heads of cpu::kMatrixUnitsMinHeadDim and wider; without AMX they stay float32 FMAs.
+    implies = isa.amx_bf16
+                  ? absl::StrCat("bfloat16 matmuls run on AMX tiles", measured,
+                                 ", attention too at head dims from ", cpu::kMatrixUnitsMinHeadDim)
+                  : absl::StrCat("bfloat16 matmuls run on AVX512-BF16", measured,
+                                 "; attention runs float32 FMAs here (no AMX)");
     if (small_gemm_speedup > 0) {
       absl::StrAppendFormat(&implies, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
                             small_gemm_speedup);
