@@ -641,8 +641,9 @@ PRAXIS_AVX512_INLINE float MaskedRowMax(const float* s, int64_t padded, const ui
 constexpr float kMaxLead = 16.0f;
 
 // Whether a one-pass exp's sum says that some p may exceed 2^kMaxLead (every p <= the sum): then
-// the pass runs again against the row's own max. Far rarer than the lead itself: against the
-// row's max, p <= 1 and the sum <= the row's width. NaN reads as a lead.
+// the pass runs again against the row's own max. It fires wherever a score leads by more, and
+// also where many smaller p add past 2^kMaxLead (a harmless rerun); against the row's own max the
+// sum is at most the row's width, so only a stale max can make it fire. NaN reads as a lead.
 inline bool SumLeads(float sum) { return !(sum <= std::exp2(kMaxLead)); }
 
 // e^(s·scale - m) for the 16 columns from c as factor = scale·log2 e and shift = m·log2 e give
