@@ -55,14 +55,14 @@ constexpr int64_t kMaxDenseBiasBytes = int64_t{16} << 20;
 // LibTorch's flash kernel at head dims up to 32 is bound by its softmax and per-block work, not by
 // its GEMMs; in float32 up to 64 its GEMMs are FMAs like ours. There TileAttention wins, also by
 // skipping the empty tiles. In bf16 above 32 the flash kernel's AMX GEMMs beat our float32 FMAs
-// (stop 22), so with AMX TileAttention runs there only because it takes the matrix units too (stop
-// 23); without AMX the flash kernel's bf16 GEMMs are no faster than FMAs (Zen 4) or slower (a Xeon
-// without AMX: 39 ms of a bench medium step against 22 ms here, stop 26), so bf16 follows float32.
-// Measured in docs/benchmarks.md.
+// (stop 22), so TileAttention runs there only because it takes oneDNN's bf16 brgemm too (AMX, stop
+// 23; AVX512-BF16 on Zen 4, stop 46). Where LibTorch's brgemm takes no bf16 the flash kernel's
+// bf16 GEMMs are no faster than FMAs or slower (a Xeon without AMX: 39 ms of a bench medium step
+// against 22 ms here, stop 26), so bf16 follows float32. Measured in docs/benchmarks.md.
 int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype) {
   static const char* const env = std::getenv("PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM");
   if (env != nullptr) return std::atoll(env);
-  if (dtype == torch::kBFloat16) return cpu::HasBf16MatrixUnits() ? 256 : 64;
+  if (dtype == torch::kBFloat16) return cpu::HasBf16Brgemm() ? 256 : 64;
   return dtype == torch::kFloat32 ? 64 : cpu::kNarrowHeadDim;
 }
 

@@ -71,8 +71,9 @@ AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, to
 torch::Tensor ExpandKvHeads(const torch::Tensor& kv, int64_t heads);
 
 // The largest head dim at which the CPU runs cpu::TileAttention in `dtype` (64 in float32, 32 in
-// fp16, and in bf16 256 on a CPU with bf16 matrix units, else 64; the environment variable
-// PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once, overrides all for benchmarks: 0 = never).
+// fp16, and in bf16 256 where LibTorch's brgemm takes bf16 (cpu::HasBf16Brgemm), else 64; the
+// environment variable PRAXIS_TILE_ATTENTION_MAX_HEAD_DIM, read once, overrides all for
+// benchmarks: 0 = never).
 int64_t TileAttentionMaxHeadDim(torch::ScalarType dtype);
 
 // softmax(q·kᵀ·scale)·v for q [B, H, T, hd] and k, v [B, kvH, T, hd] (kvH divides H; on CUDA

@@ -710,7 +710,7 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8
 }
 
 // ExpRowToFloat's pass with p rounded to bf16 (to nearest even, by the CPU's AVX512-BF16
-// conversion, which every CPU with AMX-BF16 has); the exp to kExp2Fit4, inside that rounding.
+// conversion, which HasBf16Brgemm asks for); the exp to kExp2Fit4, inside that rounding.
 template <bool kMasked>
 __attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16Pass(
     const float* s, int64_t padded, const uint8_t* mask, float scale, float m, at::BFloat16* p) {
@@ -740,7 +740,7 @@ __attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16(
                          : ExpRowToBf16Pass<false>(s, padded, mask, scale, m, p);
 }
 
-// The softmax step for the matrix units, p written as bf16. Once a row has a max m, its later
+// The softmax step for the bf16 brgemm, p written as bf16. Once a row has a max m, its later
 // segments run against it in one pass: no max pass and no rescaling (alpha 1), p up to
 // 2^kMaxLead (far inside float32's and bf16's range, no precision lost: l and the output scale
 // alike). Only a segment whose sum says a score may lead by more runs again against its own max.
@@ -1167,12 +1167,54 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
   return r;
 }
 
-bool HasBf16MatrixUnits() {
 #if defined(PRAXIS_X86_SIMD)
-  // could_pack: oneDNN's brgemm takes VNNI-packed bf16 here, i.e. the CPU has AMX-BF16.
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bf16") &&
-                          at::native::cpublas::could_pack(at::kBFloat16);
+namespace {
+
+// Whether LibTorch's brgemm computes one small bf16 product with B in the VNNI layout (PackVnni's)
+// exactly: small integers, so every sum is exact in float32. LibTorch's could_pack() is no guide:
+// it is false on Zen 4, whose brgemm still takes VNNI-packed bf16 (stop 46).
+bool Bf16BrgemmComputesVnni() {
+  constexpr int64_t kM = 16, kN = 16, kK = 32;
+  std::vector<at::BFloat16> a(kM * kK), b(kK * kN);
+  std::vector<float> c(kM * kN, -1.0f);
+  auto a_at = [](int64_t i, int64_t k) { return static_cast<float>((i + 2 * k) % 5 - 2); };
+  auto b_at = [](int64_t k, int64_t n) { return static_cast<float>((3 * k + n) % 7 - 3); };
+  for (int64_t i = 0; i < kM; ++i) {
+    for (int64_t k = 0; k < kK; ++k) a[i * kK + k] = a_at(i, k);
+  }
+  // B's rows 2j and 2j + 1 interleaved: element (k, n) at (k / 2, n, k % 2).
+  for (int64_t k = 0; k < kK; ++k) {
+    for (int64_t n = 0; n < kN; ++n) b[(k / 2 * kN + n) * 2 + k % 2] = b_at(k, n);
+  }
+  try {
+    at::native::cpublas::brgemm(kM, kN, kK, kK, kN, kN, /*add_C=*/false, a.data(), b.data(),
+                                c.data());
+    at::native::cpublas::brgemm_release();
+  } catch (const std::exception&) {
+    return false;
+  }
+  for (int64_t i = 0; i < kM; ++i) {
+    for (int64_t n = 0; n < kN; ++n) {
+      float want = 0;
+      for (int64_t k = 0; k < kK; ++k) want += a_at(i, k) * b_at(k, n);
+      if (c[i * kN + n] != want) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
+bool HasBf16Brgemm() {
+#if defined(PRAXIS_X86_SIMD)
+  // oneDNN runs bf16 brgemm on AMX-BF16 or AVX512-BF16 (and emulates it on other CPUs: not taken).
+  static const bool has = [] {
+    const char* const env = std::getenv("PRAXIS_BF16_BRGEMM");
+    if (env != nullptr && std::atoi(env) == 0) return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+           Bf16BrgemmComputesVnni();
+  }();
   return has;
 #else
   return false;
@@ -1283,10 +1325,10 @@ torch::Tensor HeadsOutTensor(const torch::Tensor& q, const torch::Tensor& gate) 
 }
 
 #if defined(PRAXIS_X86_SIMD)
-// Query rows per task on the matrix units (four 16-row AMX tiles): measured at the bench layout
-// with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer tasks
-// to balance on small layouts) (stop 23).
-constexpr int64_t kMatrixRows = 64;
+// Query rows per task on the bf16 brgemm (four 16-row AMX tiles): measured on AMX at the bench
+// layout with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer
+// tasks to balance on small layouts) (stop 23); on Zen 4, 32 and 128 within 2 % of 64 (stop 46).
+constexpr int64_t kBrgemmRows = 64;
 
 // k and v [B, kvH, kv_len, hd] (bf16, any strides with the last 1) as brgemm's B operands in the
 // VNNI layout (two consecutive rows of the product's inner dimension interleaved, one 32-bit word
@@ -1338,14 +1380,15 @@ void PackVnni(const torch::Tensor& k, const torch::Tensor& v, int64_t ldk, int32
   });
 }
 
-// TileAttention in bf16 with both products on the matrix units (oneDNN's brgemm, bf16 in, float32
-// out) and the online softmax between them in AVX-512, as TileAttention's float32 path: per task
-// of kMatrixRows query rows and per key segment, s = q·kᵀ, p = softmax step (rounded to bf16),
-// acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge are even.
-torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, const AttentionTiles& tiles,
-                                       double scale, const torch::Tensor& gate,
-                                       const torch::Tensor& gate_bias) {
+// TileAttention in bf16 with both products on oneDNN's brgemm (bf16 in, float32 out; AMX tiles or
+// AVX512-BF16 dot products) and the online softmax between them in AVX-512, as TileAttention's
+// float32 path: per task of kBrgemmRows query rows and per key segment, s = q·kᵀ, p = softmax step
+// (rounded to bf16), acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge
+// are even.
+torch::Tensor TileAttentionBf16Brgemm(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v, const AttentionTiles& tiles,
+                                      double scale, const torch::Tensor& gate,
+                                      const torch::Tensor& gate_bias) {
   using at::native::cpublas::brgemm;
   const int64_t b = q.size(0), h = q.size(1), hd = q.size(3);
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
@@ -1358,18 +1401,18 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
   torch::Tensor out = HeadsOutTensor(q, gate);
   const HeadsOut<at::BFloat16> sink(out, q, gate, gate_bias);
   const int64_t widest = WidestSegment(tiles);
-  const int64_t tasks = RowTaskCount(tiles, b, h, kMatrixRows);
+  const int64_t tasks = RowTaskCount(tiles, b, h, kBrgemmRows);
   const int64_t sb = q.stride(0), sh = q.stride(1), st = q.stride(2);
   const auto* qp = q.data_ptr<at::BFloat16>();
   const auto* kpp = reinterpret_cast<const at::BFloat16*>(kp.data_ptr<int32_t>());
   const auto* vpp = reinterpret_cast<const at::BFloat16*>(vp.data_ptr());
   const float factor = static_cast<float>(scale);
   at::parallel_for(0, tasks, 1, [&](int64_t task0, int64_t task1) {
-    std::vector<float> s(kMatrixRows * widest), acc(kMatrixRows * hd), m(kMatrixRows),
-        l(kMatrixRows);
-    std::vector<at::BFloat16> p(kMatrixRows * widest);
+    std::vector<float> s(kBrgemmRows * widest), acc(kBrgemmRows * hd), m(kBrgemmRows),
+        l(kBrgemmRows);
+    std::vector<at::BFloat16> p(kBrgemmRows * widest);
     for (int64_t task = task0; task < task1; ++task) {
-      const RowTask rt = RowTaskAt(task, tiles, h, kMatrixRows);
+      const RowTask rt = RowTaskAt(task, tiles, h, kBrgemmRows);
       const int64_t bi = rt.bi, hi = rt.hi, tile = rt.tile, row0 = rt.row0, rows = rt.rows;
       if (rows <= 0) continue;
       const int64_t kv = bi * kvh + hi / group;
@@ -1410,16 +1453,15 @@ torch::Tensor TileAttentionMatrixUnits(const torch::Tensor& q, const torch::Tens
 }
 #endif
 
-// Whether TileAttention (kBest) runs heads of `dtype` and `hd` on the bf16 matrix units.
-bool TakesMatrixUnits(torch::ScalarType dtype, int64_t hd) {
-  return dtype == at::kBFloat16 && hd >= kMatrixUnitsMinHeadDim && hd % 2 == 0 &&
-         HasBf16MatrixUnits();
+// Whether TileAttention (kBest) runs heads of `dtype` and `hd` on the bf16 brgemm.
+bool TakesBf16Brgemm(torch::ScalarType dtype, int64_t hd) {
+  return dtype == at::kBFloat16 && hd >= kBf16BrgemmMinHeadDim && hd % 2 == 0 && HasBf16Brgemm();
 }
 
 }  // namespace
 
 TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block) {
-  if (TakesMatrixUnits(dtype, head_dim)) return {.rows = block, .key_group = block};
+  if (TakesBf16Brgemm(dtype, head_dim)) return {.rows = block, .key_group = block};
   int64_t rows = block;
   while (rows > kAttentionRows && rows % 2 == 0) rows /= 2;
   return {.rows = rows, .key_group = kLanes};
@@ -1445,8 +1487,8 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   CheckGateBias(gate, gate_bias, h, "cpu::TileAttention");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
 #if defined(PRAXIS_X86_SIMD)
-  if (isa == AttentionIsa::kBest && TakesMatrixUnits(q.scalar_type(), hd) && tiles.block % 2 == 0) {
-    return TileAttentionMatrixUnits(q, k, v, tiles, scale, gate, gate_bias);
+  if (isa == AttentionIsa::kBest && TakesBf16Brgemm(q.scalar_type(), hd) && tiles.block % 2 == 0) {
+    return TileAttentionBf16Brgemm(q, k, v, tiles, scale, gate, gate_bias);
   }
 #endif
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;

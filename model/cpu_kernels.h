@@ -125,8 +125,8 @@ struct AttentionTiles {
 // Returns [B, H, T, hd] of q's dtype; a row with no allowed key is 0. With `gate` (logits
 // [B, T, H] of q's dtype, any strides; `gate_bias`, float32 [H], added to them, or none) returns
 // GateHeads(that, gate, gate_bias) instead, gated as it is stored. The two products run as float32
-// FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest also takes the bf16 matrix units for
-// bf16 heads of kMatrixUnitsMinHeadDim and wider where the CPU has them (HasBf16MatrixUnits; the
+// FMAs in AVX-512 (kAvx512), or plain loops (kPortable); kBest runs bf16 heads of
+// kBf16BrgemmMinHeadDim and wider on oneDNN's bf16 brgemm where the CPU has it (HasBf16Brgemm; the
 // probabilities are then rounded to bf16 before p·v, as LibTorch's flash kernel does).
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const AttentionTiles& tiles, double scale,
@@ -137,28 +137,32 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
 // of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made
 // of the `key_group`-key groups their rows attend. On float32 FMAs 32-row tiles and 16-key groups:
 // a chunk-causal mask's 128-token tiles are half empty pairs (bench config, small layout: 52 % of
-// the pairs computed allowed), 32 x 16 pieces 80 %. The matrix units keep the mask's tiles (their
-// products are measured best on 64-128-row tasks and whole tiles, stop 23). Thread-safe.
+// the pairs computed allowed), 32 x 16 pieces 80 %. The bf16 brgemm keeps the mask's tiles (its
+// products were measured best on 64-128-row tasks and whole tiles on AMX, stop 23; on Zen 4,
+// 16- or 32-key groups and 32- or 128-row tasks were within 3 %, stop 46). Thread-safe.
 struct TileShape {
   int64_t rows = 0;
   int64_t key_group = 0;
 };
 TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block);
 
-// bf16 heads at least this wide take the matrix units in TileAttention where the CPU has them.
-// AMX's products are 32 deep, so a head of 16 pads q·kᵀ to twice its depth; at stop 23 that made
-// the tiny config's medium step 1.08x float32 FMAs' time, and once the softmax's exp had become
-// cheaper, 0.77x (B8) and 0.85x (B1) (docs/benchmarks.md, stop 45). Narrower heads: not measured.
-inline constexpr int64_t kMatrixUnitsMinHeadDim = 16;
+// bf16 heads at least this wide take the bf16 brgemm in TileAttention where the CPU has it. AMX's
+// products are 32 deep, so a head of 16 pads q·kᵀ to twice its depth; at stop 23 that made the
+// tiny config's medium step 1.08x float32 FMAs' time, and once the softmax's exp had become
+// cheaper, 0.77x (B8) and 0.85x (B1); on Zen 4's AVX512-BF16, 0.75x (B8) (docs/benchmarks.md,
+// stops 45 and 46). Narrower heads: not measured.
+inline constexpr int64_t kBf16BrgemmMinHeadDim = 16;
 
 // float16 heads up to this width run TileAttention's float32 FMAs; wider ones LibTorch's flash
 // kernel, which at a narrow head spends as much on per-block work as on its products (measured:
 // tiny config, head dim 16, docs/benchmarks.md stop 22).
 inline constexpr int64_t kNarrowHeadDim = 32;
 
-// Whether this CPU multiplies bf16 matrices on matrix units (AMX, through oneDNN's brgemm as
-// LibTorch's own kernels use them), where TileAttention takes them for bf16 (kBest).
-bool HasBf16MatrixUnits();
+// Whether LibTorch's brgemm (oneDNN's ukernel, as LibTorch's flash kernel calls it) multiplies
+// VNNI-packed bf16 here on bf16 units — AMX tiles or AVX512-BF16 dot products — checked once on a
+// small known product; TileAttention then takes it for bf16 (kBest). The environment variable
+// PRAXIS_BF16_BRGEMM=0, read once, turns it off for A/B runs. Thread-safe.
+bool HasBf16Brgemm();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
 // h] + gate_bias[h]). o: CPU [B, H, T, hd], any strides with the last 1; gate: [B, T, H] logits of

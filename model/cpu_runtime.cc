@@ -118,6 +118,7 @@ CpuIsa DetectCpuIsa() {
   }
   isa.model = std::string(absl::StripAsciiWhitespace(brand));
 #endif
+  isa.bf16_brgemm = cpu::HasBf16Brgemm();
   return isa;
 }
 
@@ -209,13 +210,13 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
   } else if (path == Float32Path::kModel) {  // forced (PRAXIS_REDUCED_GEMM_IN_FLOAT32=1)
     implies = absl::StrCat(in_float32, measured);
   } else if (dtype == torch::kBFloat16) {
-    // Attention follows cpu::TileAttention's choice: its products take the matrix units (AMX)
-    // for heads of cpu::kMatrixUnitsMinHeadDim and wider; without AMX they stay float32 FMAs.
-    implies = isa.amx_bf16
-                  ? absl::StrCat("bfloat16 matmuls run on AMX tiles", measured,
-                                 ", attention too at head dims from ", cpu::kMatrixUnitsMinHeadDim)
-                  : absl::StrCat("bfloat16 matmuls run on AVX512-BF16", measured,
-                                 "; attention runs float32 FMAs here (no AMX)");
+    // Attention follows cpu::TileAttention's choice: its products take oneDNN's bf16 brgemm (on
+    // the same units) for heads of cpu::kBf16BrgemmMinHeadDim and wider where LibTorch has it.
+    implies = absl::StrCat(
+        "bfloat16 matmuls run on ", isa.amx_bf16 ? "AMX tiles" : "AVX512-BF16", measured,
+        isa.bf16_brgemm
+            ? absl::StrCat(", attention too at head dims from ", cpu::kBf16BrgemmMinHeadDim)
+            : "; attention runs float32 FMAs here (LibTorch's brgemm takes no bfloat16 here)");
     if (small_gemm_speedup > 0) {
       absl::StrAppendFormat(&implies, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
                             small_gemm_speedup);

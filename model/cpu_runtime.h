@@ -89,6 +89,7 @@ struct CpuIsa {
   bool amx_bf16 = false;     // AMX tiles with bf16 (Sapphire Rapids and later)
   bool avx512_fp16 = false;  // fp16 arithmetic in AVX-512
   bool amx_fp16 = false;     // AMX tiles with fp16 (Granite Rapids)
+  bool bf16_brgemm = false;  // LibTorch's brgemm takes bf16 here (cpu::HasBf16Brgemm)
 };
 CpuIsa DetectCpuIsa();
 

@@ -491,11 +491,10 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
                     dt == torch::kFloat32 ? 1e-6 : 2e-2)
               << "biased: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
         }
-        if (dt == torch::kBFloat16 && hd >= cpu::kMatrixUnitsMinHeadDim &&
-            cpu::HasBf16MatrixUnits()) {
-          // The matrix units round p to bf16: their output differs from the float32 FMAs'.
+        if (dt == torch::kBFloat16 && hd >= cpu::kBf16BrgemmMinHeadDim && cpu::HasBf16Brgemm()) {
+          // The bf16 brgemm rounds p to bf16: its output differs from the float32 FMAs'.
           EXPECT_FALSE(torch::equal(got[cpu::AttentionIsa::kBest], got[cpu::AttentionIsa::kAvx512]))
-              << "bf16 took the matrix units";
+              << "bf16 took the bf16 brgemm";
         }
       }
     }
@@ -573,11 +572,11 @@ TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
   }
   tiles.segments = {{.start = 0, .length = t, .mask_at = 0}, {.start = 0, .length = 16}};
   tiles.first = {0, 1, 1, 2};
-  // Head dim 64: wide enough for the matrix units in bf16.
+  // Head dim 64: wide enough for the bf16 brgemm.
   const torch::Tensor q = torch::randn({1, 2, t, 64}), k = torch::randn({1, 1, t, 64}),
                       v = torch::randn({1, 1, t, 64});
   const torch::Tensor want = MaskedAttentionOracle(q, k, v, allowed, 0.25);
-  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {  // bf16: the matrix units where present
+  for (auto dt : {torch::kFloat32, torch::kBFloat16}) {  // bf16: the bf16 brgemm where present
     const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
     const torch::Tensor want_d =
         dt == torch::kFloat32 ? want : MaskedAttentionOracle(qd, kd, vd, allowed, 0.25);
@@ -684,6 +683,16 @@ TEST(CpuRuntimeTest, ThreadChooserStepsDownOneThreadPastABusyCoreOfMany) {
   EXPECT_EQ(chooser.switches(), 2);
 }
 
+// LibTorch's brgemm takes VNNI-packed bf16 wherever the CPU has bf16 dot products, AMX or not (its
+// could_pack() says no on Zen 4): the probe behind HasBf16Brgemm must find it on every such CPU,
+// or bf16 attention silently drops to float32 FMAs (1.7x slower at the bench layout on Zen 4).
+TEST(CpuRuntimeTest, Bf16BrgemmWhereverTheCpuHasBf16DotProducts) {
+  if (std::getenv("PRAXIS_BF16_BRGEMM") != nullptr) GTEST_SKIP() << "PRAXIS_BF16_BRGEMM is set";
+  const CpuIsa isa = DetectCpuIsa();
+  EXPECT_EQ(cpu::HasBf16Brgemm(), isa.avx512f && isa.avx512_bf16) << isa.model;
+  EXPECT_EQ(isa.bf16_brgemm, cpu::HasBf16Brgemm());
+}
+
 TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
   bool slow = false;
   const CpuIsa bare{.model = "Old CPU", .avx512f = true};
@@ -706,16 +715,21 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
                 .find("Old CPU [AVX-512]"),
             std::string::npos);
   EXPECT_FALSE(slow);
-  const CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true};
+  CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true, .bf16_brgemm = true};
   EXPECT_TRUE(HasUnitsFor(zen4, torch::kBFloat16));
   const std::string zen4_bf16 =
       DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow);
-  EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16 (measured 2.70x float32's rate)"),
+  EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16 (measured 2.70x float32's rate), "
+                           "attention too at head dims from 16"),
             std::string::npos)
       << zen4_bf16;
-  EXPECT_NE(zen4_bf16.find("attention runs float32 FMAs"), std::string::npos) << zen4_bf16;
   EXPECT_FALSE(slow);
-  const CpuIsa spr{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true};
+  zen4.bf16_brgemm = false;  // a LibTorch whose brgemm takes no bf16
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow)
+                .find("; attention runs float32 FMAs here"),
+            std::string::npos);
+  const CpuIsa spr{
+      .model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true, .bf16_brgemm = true};
   EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, 0, Float32Path::kNone, &slow)
                 .find("matmuls run on AMX tiles, attention too"),
             std::string::npos);
