@@ -1167,60 +1167,6 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
   return r;
 }
 
-#if defined(PRAXIS_X86_SIMD)
-namespace {
-
-// Whether LibTorch's brgemm computes one small bf16 product with B in the VNNI layout (PackVnni's)
-// exactly: small integers, so every sum is exact in float32. LibTorch's could_pack() is no guide:
-// it is false on Zen 4, whose brgemm still takes VNNI-packed bf16 (stop 46).
-bool Bf16BrgemmComputesVnni() {
-  constexpr int64_t kM = 16, kN = 16, kK = 32;
-  std::vector<at::BFloat16> a(kM * kK), b(kK * kN);
-  std::vector<float> c(kM * kN, -1.0f);
-  auto a_at = [](int64_t i, int64_t k) { return static_cast<float>((i + 2 * k) % 5 - 2); };
-  auto b_at = [](int64_t k, int64_t n) { return static_cast<float>((3 * k + n) % 7 - 3); };
-  for (int64_t i = 0; i < kM; ++i) {
-    for (int64_t k = 0; k < kK; ++k) a[i * kK + k] = a_at(i, k);
-  }
-  // B's rows 2j and 2j + 1 interleaved: element (k, n) at (k / 2, n, k % 2).
-  for (int64_t k = 0; k < kK; ++k) {
-    for (int64_t n = 0; n < kN; ++n) b[(k / 2 * kN + n) * 2 + k % 2] = b_at(k, n);
-  }
-  try {
-    at::native::cpublas::brgemm(kM, kN, kK, kK, kN, kN, /*add_C=*/false, a.data(), b.data(),
-                                c.data());
-    at::native::cpublas::brgemm_release();
-  } catch (const std::exception&) {
-    return false;
-  }
-  for (int64_t i = 0; i < kM; ++i) {
-    for (int64_t n = 0; n < kN; ++n) {
-      float want = 0;
-      for (int64_t k = 0; k < kK; ++k) want += a_at(i, k) * b_at(k, n);
-      if (c[i * kN + n] != want) return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-#endif
-
-bool HasBf16Brgemm() {
-#if defined(PRAXIS_X86_SIMD)
-  // oneDNN runs bf16 brgemm on AMX-BF16 or AVX512-BF16 (and emulates it on other CPUs: not taken).
-  static const bool has = [] {
-    const char* const env = std::getenv("PRAXIS_BF16_BRGEMM");
-    if (env != nullptr && std::atoi(env) == 0) return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
-           Bf16BrgemmComputesVnni();
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
 int64_t AttentionTiles::nbytes() const {
   return static_cast<int64_t>(first.size() * sizeof(int64_t) + segments.size() * sizeof(Segment) +
                               masks.size());
@@ -1380,6 +1326,36 @@ void PackVnni(const torch::Tensor& k, const torch::Tensor& v, int64_t ldk, int32
   });
 }
 
+// Whether LibTorch's brgemm computes one small bf16 product exactly as TileAttentionBf16Brgemm
+// calls it for p·v, B packed by PackVnni: small integers, so every sum is exact in float32.
+// LibTorch's could_pack() is no guide: it is false on Zen 4, whose brgemm still takes VNNI-packed
+// bf16 (stop 46).
+bool Bf16BrgemmComputesVnni() {
+  constexpr int64_t kM = 16, kN = 16, kK = 32;
+  const torch::Tensor a = (torch::arange(kM).unsqueeze(1) + 2 * torch::arange(kK))
+                              .remainder(5)
+                              .sub(2)
+                              .to(at::kBFloat16);
+  const torch::Tensor b = (3 * torch::arange(kK).unsqueeze(1) + torch::arange(kN))
+                              .remainder(7)
+                              .sub(3)
+                              .to(at::kBFloat16);
+  const int64_t ldk = PadToLanes(kK) + kLanes;
+  std::vector<int32_t> kp(kN / 2 * ldk), vp(ldk / 2 * kN);
+  const torch::Tensor bv = b.view({1, 1, kK, kN});
+  PackVnni(bv, bv, ldk, kp.data(), vp.data());
+  const torch::Tensor c = torch::empty({kM, kN});
+  try {
+    at::native::cpublas::brgemm(kM, kN, kK, kK, kN, kN, /*add_C=*/false, a.data_ptr<at::BFloat16>(),
+                                reinterpret_cast<const at::BFloat16*>(vp.data()),
+                                c.data_ptr<float>());
+    at::native::cpublas::brgemm_release();
+  } catch (const std::exception&) {
+    return false;
+  }
+  return torch::equal(c, torch::matmul(a.to(torch::kFloat32), b.to(torch::kFloat32)));
+}
+
 // TileAttention in bf16 with both products on oneDNN's brgemm (bf16 in, float32 out; AMX tiles or
 // AVX512-BF16 dot products) and the online softmax between them in AVX-512, as TileAttention's
 // float32 path: per task of kBrgemmRows query rows and per key segment, s = q·kᵀ, p = softmax step
@@ -1459,6 +1435,21 @@ bool TakesBf16Brgemm(torch::ScalarType dtype, int64_t hd) {
 }
 
 }  // namespace
+
+bool HasBf16Brgemm() {
+#if defined(PRAXIS_X86_SIMD)
+  // oneDNN runs bf16 brgemm on AMX-BF16 or AVX512-BF16 (and emulates it on other CPUs: not taken).
+  static const bool has = [] {
+    const char* const env = std::getenv("PRAXIS_BF16_BRGEMM");
+    if (env != nullptr && std::atoi(env) == 0) return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+           Bf16BrgemmComputesVnni();
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block) {
   if (TakesBf16Brgemm(dtype, head_dim)) return {.rows = block, .key_group = block};
