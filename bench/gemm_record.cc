@@ -25,7 +25,7 @@ std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
                        : name == "aten::addmm" || name == "aten::baddbmm" ? 3
                        : name == "praxis::mkl_bf16_gemm"  // (x, w) or (b, x, w)
                            ? static_cast<int>(fn.inputs().size())
-                           : name == "praxis::sgemm" ? 2 : 0;
+                           : name == "praxis::sgemm" || name == "praxis::brgemm" ? 2 : 0;
   if (operands == 0 || static_cast<int>(fn.inputs().size()) < operands) return nullptr;
   GemmCall call{std::string(name), {}, at::in_parallel_region()};
   for (int i = 0; i < operands; ++i) {
@@ -93,7 +93,7 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
   auto run_one = [&](size_t i) {
     const std::string& op = calls[i].op;
     const std::vector<torch::Tensor>& a = args[i];
-    if (op == "aten::mm" || op == "praxis::sgemm") {  // the float one is LibTorch's own GEMM
+    if (op == "aten::mm" || op == "praxis::sgemm" || op == "praxis::brgemm") {  // LibTorch's own
       torch::mm(a[0], a[1]);
     } else if (op == "aten::bmm") {
       torch::bmm(a[0], a[1]);

@@ -19,8 +19,9 @@ namespace praxis::bench {
 struct GemmCall {
   using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
   // "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "praxis::mkl_bf16_gemm"
-  // (cpu::MklBf16Matmul: operands (x, w), or (b, x, w) as addmm's), or "praxis::sgemm" (the float
-  // products of cpu::ExpertPieceInto and SwiGluPieceInto: (x, w), replayed as aten::mm)
+  // (cpu::MklBf16Matmul: operands (x, w), or (b, x, w) as addmm's), or "praxis::sgemm" and
+  // "praxis::brgemm" (the float and bf16 products of cpu::ExpertPieceInto and SwiGluPieceInto:
+  // (x, w), replayed as aten::mm)
   std::string op;
   std::vector<Operand> operands;
   // Made inside an intra-op parallel region (the CPU MoE's pieces): on one thread, beside

@@ -138,22 +138,34 @@ constexpr __mmask16 LanesLeft(int64_t left) {
 // there against one vcvtneps2bf16 (round to nearest even, as c10; NaN stays NaN; a float32
 // subnormal, never a model value, becomes zero). At a bench small B8 bf16 step the clones' two
 // conversions were ~10 % of all cycles.
+// The bf16 values at src as float32 lanes (those outside m: 0). The masked forms throughout: GCC
+// 12 warns of the unmasked ones' undefined source.
+inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m512 LoadBf16Lanes(
+    const uint16_t* src, __mmask16 m) {
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, src));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, w, 16));
+}
+
 __attribute__((target("avx512f,avx512vl,avx512bw"))) void LoadBf16Avx512(const uint16_t* src,
                                                                          float* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = LanesLeft(n - i);
-    // The masked forms throughout: GCC 12 warns of the unmasked ones' undefined source.
-    const __m512i w = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, src + i));
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, w, 16)));
+    _mm512_mask_storeu_ps(dst + i, m, LoadBf16Lanes(src + i, m));
   }
+}
+
+// The 16 lanes of v rounded to bf16 into dst's lanes under m (round to nearest even, as c10).
+inline __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"), always_inline)) void
+StoreBf16Lanes(uint16_t* dst, __mmask16 m, __m512 v) {
+  const __m256bh h = _mm512_cvtneps_pbh(v);
+  _mm256_mask_storeu_epi16(dst, m, reinterpret_cast<const __m256i&>(h));
 }
 
 __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void StoreBf16Avx512(
     const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = LanesLeft(n - i);
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
-    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(h));
+    StoreBf16Lanes(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
   }
 }
 
@@ -583,13 +595,6 @@ PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int
   }
 }
 
-// The bf16 values at src as float32 lanes (those outside m: 0).
-inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m512 LoadBf16Lanes(
-    const uint16_t* src, __mmask16 m) {
-  const __m512i w = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, src));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, w, 16));
-}
-
 // SiluMulRowAvx512 for bf16 rows, in one pass (each vector converted on load and rounded once on
 // store): as the result is rounded to bf16 (2^-9), e^-a takes kExp2Fit4 on one product by log2 e
 // and 1 / (1 + e^-a) vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside
@@ -608,9 +613,38 @@ __attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void Si
     const __m512 d = _mm512_add_ps(one, Exp2Avx512(_mm512_mul_ps(neg, log2e), kAll, kExp2Fit4));
     __m512 r = _mm512_maskz_rcp14_ps(kAll, d);
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(d, inf, _CMP_EQ_OQ), _mm512_setzero_ps());
-    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(x, r), LoadBf16Lanes(b + i, m));
-    const __m256bh h = _mm512_cvtneps_pbh(y);
-    _mm256_mask_storeu_epi16(out + i, m, reinterpret_cast<const __m256i&>(h));
+    StoreBf16Lanes(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, r), LoadBf16Lanes(b + i, m)));
+  }
+}
+
+// NormalizeRow for a bf16 row, each vector converted on load and rounded once on store, as
+// SiluMulRowBf16Avx512: through float32 buffers (MapRow) a bf16 row took 1.5x a float32 row's time
+// (bench small B8, stop 47), where it reads and writes half the bytes.
+__attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void
+NormalizeRowBf16Avx512(const uint16_t* x, const float* w, int64_t n, float eps, uint16_t* y) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __m512 v = LoadBf16Lanes(x + i, LanesLeft(n - i));
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  const __m512 r =
+      _mm512_set1_ps(1.0f / std::sqrt(HorizontalSum(ss) / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 m = LanesLeft(n - i);
+    StoreBf16Lanes(
+        y + i, m,
+        _mm512_mul_ps(_mm512_mul_ps(LoadBf16Lanes(x + i, m), r), _mm512_maskz_loadu_ps(m, w + i)));
+  }
+}
+
+// ModulateRow for a bf16 row, in one pass as NormalizeRowBf16Avx512.
+__attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void ModulateRowBf16Avx512(
+    const uint16_t* x, const float* shift, const float* scale, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 m = LanesLeft(n - i);
+    StoreBf16Lanes(y + i, m,
+                   _mm512_fmadd_ps(LoadBf16Lanes(x + i, m), _mm512_maskz_loadu_ps(m, scale + i),
+                                   _mm512_maskz_loadu_ps(m, shift + i)));
   }
 }
 
@@ -853,6 +887,19 @@ torch::Tensor RmsNorm(const torch::Tensor& x_in, const torch::Tensor& weight, do
   const torch::Tensor w = weight.contiguous();
   torch::Tensor y = torch::empty_like(x);
   const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+#if defined(PRAXIS_X86_SIMD)
+  if (x.scalar_type() == at::kBFloat16 && HasAvx512Bf16Convert()) {
+    const auto* src = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>());
+    auto* dst = reinterpret_cast<uint16_t*>(y.mutable_data_ptr<c10::BFloat16>());
+    const float* wp = w.const_data_ptr<float>();
+    at::parallel_for(0, rows, RowGrain(n), [&](int64_t a, int64_t b) {
+      for (int64_t r = a; r < b; ++r) {
+        NormalizeRowBf16Avx512(src + r * n, wp, n, static_cast<float>(eps), dst + r * n);
+      }
+    });
+    return y;
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "RmsNorm", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     scalar_t* dst = y.data_ptr<scalar_t>();
@@ -925,6 +972,10 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
   const int64_t n = x.size(-1), lead = x.dim() - 1, rows = x.numel() / std::max<int64_t>(n, 1);
   const c10::IntArrayRef size = x.sizes(), sx = x.strides(), ssh = shift.strides(),
                          ssc = scale.strides();
+#if defined(PRAXIS_X86_SIMD)
+  // bf16 rows in one pass each (ModulateRowBf16Avx512), not through a float32 buffer.
+  const bool bf16_rows = HasAvx512Bf16Convert();
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "Modulate", [&] {
     const scalar_t* src = x.data_ptr<scalar_t>();
     const float* shp = shift.data_ptr<float>();
@@ -942,6 +993,15 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
           osh += i * ssh[d];
           osc += i * ssc[d];
         }
+#if defined(PRAXIS_X86_SIMD)
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (bf16_rows) {
+            ModulateRowBf16Avx512(reinterpret_cast<const uint16_t*>(src + ox), shp + osh, scp + osc,
+                                  reinterpret_cast<uint16_t*>(dst + r * n), n);
+            continue;
+          }
+        }
+#endif
         MapRow(src + ox, dst + r * n, n, buf.data(),
                [&](const float* in, float* out) { ModulateRow(in, shp + osh, scp + osc, out, n); });
       }
@@ -1610,27 +1670,39 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate,
 
 namespace {
 
-// Float32 copies of 16-bit weights, by the view they were made from (its storage, offset, sizes
-// and strides: an expert's slice of the stacked weights is its own entry). A copy lives while its
-// weight's storage does; one whose storage died (its model unloaded) is dropped at the next new
-// copy. The weak reference keeps the storage's control block, so its address is never reused
-// while the entry exists. Thread-safe.
-class Float32Copies {
+// The forms a weight is copied into for a faster GEMM: float32 (MatmulViaFloat32's, for CPUs
+// whose 16-bit GEMM is the slower), or a bf16 [K, N] weight packed for oneDNN's brgemm (the VNNI
+// layout, [K/2, N, 2]: ExpertPieceInto's bf16 pieces where they run on it).
+enum class CopyForm : int8_t { kFloat32, kBrgemm };
+
+// w [K, N] (bf16, any strides, K even) as brgemm's B operand: rows 2i and 2i + 1 interleaved.
+torch::Tensor PackedForBrgemm(const torch::Tensor& w) {
+  return w.reshape({w.size(0) / 2, 2, w.size(1)}).transpose(1, 2).contiguous();
+}
+
+// Copies of weights in a CopyForm, by the view they were made from (its storage, offset, sizes
+// and strides: an expert's slice of the stacked weights is its own entry) and the form. A copy
+// lives while its weight's storage does; one whose storage died (its model unloaded) is dropped
+// at the next new copy. The weak reference keeps the storage's control block, so its address is
+// never reused while the entry exists. All forms count against one budget. Thread-safe.
+class WeightCopies {
  public:
-  // w's float32 copy; undefined when it would not fit in the budget.
-  torch::Tensor Of(const torch::Tensor& w) {
+  // w's copy in `form`; undefined when it would not fit in the budget.
+  torch::Tensor Of(const torch::Tensor& w, CopyForm form = CopyForm::kFloat32) {
     Key key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
-            w.strides().vec()};
+            w.strides().vec(), form};
     absl::MutexLock lock(&mu_);
     auto it = copies_.find(key);
-    if (it != copies_.end() && !it->second.storage.expired()) return it->second.f32;
+    if (it != copies_.end() && !it->second.storage.expired()) return it->second.copy;
     DropExpired();
-    const int64_t bytes = w.numel() * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes =
+        w.numel() * (form == CopyForm::kFloat32 ? static_cast<int64_t>(sizeof(float))
+                                                : static_cast<int64_t>(w.element_size()));
     if (held_ + bytes > budget_) return {};
-    torch::Tensor f32 = w.to(torch::kFloat32);
+    torch::Tensor copy = form == CopyForm::kFloat32 ? w.to(torch::kFloat32) : PackedForBrgemm(w);
     held_ += bytes;
-    copies_.insert_or_assign(std::move(key), Entry{w.storage().getWeakStorageImpl(), f32});
-    return f32;
+    copies_.insert_or_assign(std::move(key), Entry{w.storage().getWeakStorageImpl(), copy});
+    return copy;
   }
 
   void SetBudget(int64_t bytes) {
@@ -1652,25 +1724,26 @@ class Float32Copies {
     held_ -= bytes;
   }
 
-  static Float32Copies& Get() {
-    static Float32Copies* const copies = new Float32Copies();  // never destroyed: outlives models
+  static WeightCopies& Get() {
+    static WeightCopies* const copies = new WeightCopies();  // never destroyed: outlives models
     return *copies;
   }
 
  private:
-  // Forgets the copies whose 16-bit weight is gone (its model unloaded), giving back their bytes.
+  // Forgets the copies whose weight is gone (its model unloaded), giving back their bytes.
   void DropExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::erase_if(copies_, [this](const auto& entry) {
       if (!entry.second.storage.expired()) return false;
-      held_ -= entry.second.f32.nbytes();
+      held_ -= entry.second.copy.nbytes();
       return true;
     });
   }
 
-  using Key = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>>;
+  using Key =
+      std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, CopyForm>;
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    torch::Tensor f32;
+    torch::Tensor copy;
   };
   absl::Mutex mu_;
   std::map<Key, Entry> copies_ ABSL_GUARDED_BY(mu_);
@@ -1686,8 +1759,8 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
               " against w ", w.sizes());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(1);
-  const torch::Tensor w32 = Float32Copies::Get().Of(w);
-  const torch::Tensor b32 = b.defined() && w32.defined() ? Float32Copies::Get().Of(b) : b;
+  const torch::Tensor w32 = WeightCopies::Get().Of(w);
+  const torch::Tensor b32 = b.defined() && w32.defined() ? WeightCopies::Get().Of(b) : b;
   const bool fits = w32.defined() && (!b.defined() || b32.defined());
   if (!fits) {  // over the budget: LibTorch's GEMM in w's dtype
     const torch::Tensor xd = x.reshape({-1, x.size(-1)}).to(w.scalar_type());
@@ -1765,12 +1838,14 @@ const T* BlasData(const torch::Tensor& t) {
   }
 }
 
-// A [K, N] weight operand as the BLAS call addresses it.
+// A [K, N] weight operand as the BLAS call addresses it; a bf16 one on oneDNN's brgemm also has
+// its packed copy (PackedForBrgemm's [K/2, N, 2], kept by WeightCopies).
 template <typename T>
 struct BlasWeight {
   const T* data;
   int64_t k, n;
   WeightLayout layout;
+  const at::BFloat16* packed = nullptr;
 };
 using MklWeight = BlasWeight<uint16_t>;
 
@@ -1895,14 +1970,6 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
   return MklBf16Matmul(x, w, b, std::move(out));
 }
 
-int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width) {
-  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 || w.scalar_type() != torch::kBFloat16 ||
-      width < 1 || !SmallBf16GemmOnMkl()) {
-    return 0;
-  }
-  return kSmallBf16GemmOutputs / width;
-}
-
 namespace {
 
 // The operands RECORD_FUNCTION reports for one product of GatedInto (built only while something
@@ -1932,32 +1999,46 @@ BlasSgemm FindBlasSgemm() {
   return gemm;
 }
 
-// The GEMM a piece of T's runs on, found: MKL's bf16 one, or BLAS's float one.
+// The GEMM a piece of T's runs on, found: oneDNN's brgemm taking bf16, or BLAS's float one.
 template <typename T>
 bool HasPieceGemm() {
   if constexpr (std::is_same_v<T, float>) {
     return FindBlasSgemm() != nullptr;
   } else {
-    return FindMklBf16Gemm() != nullptr && SmallBf16GemmOnMkl();
+    return HasBf16Brgemm();
   }
 }
 
+// Rows of a bf16 piece's products per brgemm call (its A block and float32 C block stay in L2),
+// and the multiple its rows are padded to: a piece of any row count then makes at most
+// kPieceBrgemmRows / kPieceBrgemmRowStep kernels per weight shape in oneDNN's cache, not one per
+// row count.
+constexpr int64_t kPieceBrgemmRows = 32, kPieceBrgemmRowStep = 8;
+
 // c [m, w.n] (float32, rows of ldc) = a [m, w.k] (rows of lda) · w on one thread, recorded as the
-// op GemmRecord replays: MKL's bf16 GEMM, or BLAS's float one (column-major: cᵀ = wᵀ·aᵀ). Sizes
-// known to fit an int.
-void GatedProduct(const uint16_t* a, int64_t m, int64_t lda, const MklWeight& w, float* c,
-                  int64_t ldc) {
-  RECORD_FUNCTION("praxis::mkl_bf16_gemm", RecordedProduct(a, m, lda, w));
-  CallMklBf16Gemm(FindMklBf16Gemm(), a, m, lda, w, 0.0f, c, ldc);
+// op GemmRecord replays over the piece's own `rows` (m less its padding): oneDNN's brgemm on
+// w.packed (m a multiple of kPieceBrgemmRowStep), or BLAS's float GEMM (column-major: cᵀ = wᵀ·aᵀ).
+// Sizes known to fit an int.
+void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
+                  const BlasWeight<uint16_t>& w, float* c, int64_t ldc) {
+  RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
+  TORCH_CHECK(w.packed != nullptr, "cpu::GatedProduct: a bf16 weight without its packed copy");
+#if defined(PRAXIS_X86_SIMD)
+  const auto* ab = reinterpret_cast<const at::BFloat16*>(a);
+  for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
+    at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.n, ldc,
+                                /*add_C=*/false, ab + r * lda, w.packed, c + r * ldc);
+  }
+#endif
 }
-void GatedProduct(const float* a, int64_t m, int64_t lda, const BlasWeight<float>& w, float* c,
-                  int64_t ldc) {
-  RECORD_FUNCTION("praxis::sgemm", RecordedProduct(a, m, lda, w));
-  const int n = static_cast<int>(w.n), rows = static_cast<int>(m), k = static_cast<int>(w.k);
+void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const BlasWeight<float>& w,
+                  float* c, int64_t ldc) {
+  RECORD_FUNCTION("praxis::sgemm", RecordedProduct(a, rows, lda, w));
+  const int n = static_cast<int>(w.n), mi = static_cast<int>(m), k = static_cast<int>(w.k);
   const int ldw = static_cast<int>(w.layout.ld), ldx = static_cast<int>(lda);
   const int ldy = static_cast<int>(ldc);
   const float one = 1.0f, zero = 0.0f;
-  FindBlasSgemm()(w.layout.transposed ? "T" : "N", "N", &n, &rows, &k, &one, w.data, &ldw, a, &ldx,
+  FindBlasSgemm()(w.layout.transposed ? "T" : "N", "N", &n, &mi, &k, &one, w.data, &ldw, a, &ldx,
                   &zero, c, &ldy);
 }
 
@@ -1995,22 +2076,26 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
       out.size(1) != dim || (rows == nullptr && count > 1 && x.stride(0) < dim) || out_first < 0 ||
       out_first + count > out.size(0) ||
       (rows == nullptr && (first < 0 || first + count > x.size(0))) ||
-      std::max({x.stride(0), out.stride(0), count, width}) > INT_MAX ||
-      (kBf16 && count * width > kSmallBf16GemmOutputs) || !HasPieceGemm<T>()) {
+      std::max({x.stride(0), out.stride(0), count, width}) > INT_MAX || !HasPieceGemm<T>()) {
     return false;
   }
   const T* xp = BlasData<T>(x);
+  // brgemm's products run over the rows padded to kPieceBrgemmRowStep (zero rows, dropped at
+  // the end).
+  const int64_t m =
+      kBf16 ? (count + kPieceBrgemmRowStep - 1) / kPieceBrgemmRowStep * kPieceBrgemmRowStep : count;
   // Each thread's buffers, sized for the largest piece it has run: no allocation per piece.
   thread_local std::vector<T> gathered, hidden;
   thread_local std::vector<float> products;
   const T* a = xp + first * x.stride(0);
   int64_t lda = count == 1 ? dim : x.stride(0);
-  if (rows != nullptr) {  // the piece's token rows, gathered
-    gathered.resize(static_cast<size_t>(count * dim));
+  if (rows != nullptr || m != count) {  // the piece's token rows, gathered (and padded)
+    gathered.resize(static_cast<size_t>(m * dim));
+    std::fill(gathered.begin() + count * dim, gathered.end(), T{0});
     for (int64_t r = 0; r < count; ++r) {
-      TORCH_CHECK(rows[r] >= 0 && rows[r] < x.size(0), "cpu::ExpertPieceInto: row ", rows[r],
-                  " out of range");
-      std::memcpy(gathered.data() + r * dim, xp + rows[r] * x.stride(0), dim * sizeof(T));
+      const int64_t row = rows == nullptr ? first + r : rows[r];
+      TORCH_CHECK(row >= 0 && row < x.size(0), "cpu::ExpertPieceInto: row ", row, " out of range");
+      std::memcpy(gathered.data() + r * dim, xp + row * x.stride(0), dim * sizeof(T));
     }
     a = gathered.data();
     lda = dim;
@@ -2025,25 +2110,29 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
     ReleaseIfLarge(gathered);
     ReleaseIfLarge(hidden);
     ReleaseIfLarge(products);
+#if defined(PRAXIS_X86_SIMD)
+    // Give the tile configuration back: LibTorch's kernels assume theirs is still loaded.
+    if (kBf16) at::native::cpublas::brgemm_release();
+#endif
   };
-  products.resize(static_cast<size_t>(count * (width + (direct ? 0 : dim))));
+  products.resize(static_cast<size_t>(m * (width + (direct ? 0 : dim))));
   float* c = products.data();
   int64_t column = 0;
   for (const BlasWeight<T>& w : firsts) {
-    GatedProduct(a, count, lda, w, c + column, width);
+    GatedProduct(a, m, count, lda, w, c + column, width);
     column += w.n;
   }
   // silu(gate) · up in float32 straight from the sums: in place as the float down product's
-  // operand, or rounded once as the bf16 one's.
-  for (int64_t r = 0; r < count; ++r) {
+  // operand, or rounded once as the bf16 one's (a padded row's is 0).
+  for (int64_t r = 0; r < m; ++r) {
     float* g = c + r * width;
     SiluMulRowBest(g, g + inner, g, inner);
   }
   const T* h = nullptr;
   int64_t ldh = width;
   if constexpr (kBf16) {
-    hidden.resize(static_cast<size_t>(count * inner));
-    for (int64_t r = 0; r < count; ++r) {
+    hidden.resize(static_cast<size_t>(m * inner));
+    for (int64_t r = 0; r < m; ++r) {
       Store(c + r * width, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
     }
     h = hidden.data();
@@ -2052,12 +2141,13 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
     h = c;
   }
   if (direct) {
-    GatedProduct(h, count, ldh, down, out.mutable_data_ptr<float>() + out_first * out.stride(0),
+    GatedProduct(h, count, count, ldh, down,
+                 out.mutable_data_ptr<float>() + out_first * out.stride(0),
                  count == 1 ? dim : out.stride(0));
     return true;
   }
-  float* y = c + count * width;
-  GatedProduct(h, count, ldh, down, y, dim);
+  float* y = c + m * width;
+  GatedProduct(h, m, count, ldh, down, y, dim);
   const auto store = [&](auto* o) {
     for (int64_t r = 0; r < count; ++r)
       Store(y + r * dim, o + (out_first + r) * out.stride(0), dim);
@@ -2078,13 +2168,31 @@ bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int
                  int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
   TORCH_CHECK(firsts.size() == 1 || firsts.size() == 2, "cpu::GatedIntoOf: 1 or 2 weights");
   std::array<BlasWeight<T>, 2> w{};
+  std::array<torch::Tensor, 3> packs;  // the packed copies, alive through the call
   size_t n = 0;
+  // t's operand, with its packed copy where bf16 pieces run on brgemm; nullopt where it is not
+  // of a form this takes, or its copy would not fit in the budget.
+  auto operand = [&](const torch::Tensor& t) -> std::optional<BlasWeight<T>> {
+    std::optional<BlasWeight<T>> o = BlasOperand<T>(t, expert, linear);
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (o.has_value() && HasBf16Brgemm()) {
+        torch::Tensor view = expert < 0 ? t : t.select(0, expert);
+        if (linear) view = view.t();
+        if (o->k % 2 != 0) return std::nullopt;  // brgemm's pairs of the inner dimension
+        torch::Tensor& pack = packs[n];
+        pack = WeightCopies::Get().Of(view, CopyForm::kBrgemm);
+        if (!pack.defined()) return std::nullopt;
+        o->packed = pack.const_data_ptr<at::BFloat16>();
+      }
+    }
+    return o;
+  };
   for (const torch::Tensor& t : firsts) {
-    const std::optional<BlasWeight<T>> operand = BlasOperand<T>(t, expert, linear);
-    if (!operand.has_value()) return false;
-    w[n++] = *operand;
+    const std::optional<BlasWeight<T>> o = operand(t);
+    if (!o.has_value()) return false;
+    w[n++] = *o;
   }
-  const std::optional<BlasWeight<T>> dn = BlasOperand<T>(down, expert, linear);
+  const std::optional<BlasWeight<T>> dn = operand(down);
   if (!dn.has_value()) return false;
   if (n == 2 && w[0].n != w[1].n) return false;
   return n == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first)
@@ -2118,15 +2226,15 @@ bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const
   return GatedIntoOfX(x, nullptr, first, count, {a, b}, down, -1, /*linear=*/true, out, first);
 }
 
-void SetFloat32WeightBudget(int64_t bytes) { Float32Copies::Get().SetBudget(bytes); }
+void SetFloat32WeightBudget(int64_t bytes) { WeightCopies::Get().SetBudget(bytes); }
 
 std::optional<Float32WeightHold> HoldFloat32WeightBytes(int64_t bytes) {
-  if (!Float32Copies::Get().Hold(bytes)) return std::nullopt;
+  if (!WeightCopies::Get().Hold(bytes)) return std::nullopt;
   return Float32WeightHold(bytes);
 }
 
 Float32WeightHold::~Float32WeightHold() {
-  if (bytes_ > 0) Float32Copies::Get().Release(bytes_);
+  if (bytes_ > 0) WeightCopies::Get().Release(bytes_);
 }
 
 }  // namespace praxis::model::cpu

@@ -160,8 +160,9 @@ inline constexpr int64_t kNarrowHeadDim = 32;
 
 // Whether LibTorch's brgemm (oneDNN's ukernel, as LibTorch's flash kernel calls it) multiplies
 // VNNI-packed bf16 here on bf16 units — AMX tiles or AVX512-BF16 dot products — checked once on a
-// small known product; TileAttention then takes it for bf16 (kBest). The environment variable
-// PRAXIS_BF16_BRGEMM=0, read once, turns it off for A/B runs. Thread-safe.
+// small known product; TileAttention then takes it for bf16 (kBest), and ExpertPieceInto for bf16
+// pieces. The environment variable PRAXIS_BF16_BRGEMM=0, read once, turns it off for A/B runs.
+// Thread-safe.
 bool HasBf16Brgemm();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
@@ -220,31 +221,26 @@ bool SmallBf16GemmOnMkl();
 torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
                               const torch::Tensor& b = {}, torch::Tensor out = {});
 
-// The most rows of bf16 tokens `x` a piece of a SwiGLU with bf16 weights `w` (its gate and up
-// product `width` = 2·inner wide) may have for ExpertPieceInto / SwiGluPieceInto to take
-// it (that product within kSmallBf16GemmOutputs); 0 where they take none (not a CPU bf16 model,
-// or not SmallBf16GemmOnMkl). Thread-safe.
-int64_t SmallBf16ExpertRows(const torch::Tensor& x, const torch::Tensor& w, int64_t width);
-
 // Whether ExpertPieceInto / SwiGluPieceInto take float32 pieces: libtorch_cpu exports BLAS's
 // float GEMM (sgemm_). Thread-safe.
 bool Float32PiecesOnBlas();
 
-// One SwiGLU expert over a piece of token rows on a BLAS GEMM, without a LibTorch op: a piece of
-// the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products. The
-// rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
+// One SwiGLU expert over a piece of token rows on a GEMM of ours, without a LibTorch op: a piece
+// of the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products.
+// The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
 // [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
 // `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
-// takes, of x's dtype. bf16 (within SmallBf16ExpertRows, on MKL's bf16 GEMM): silu(gate) · up is
-// computed in float32 from the first product's sums and rounded to bf16 once, as the second's
-// operand (LibTorch's path rounds each product and the gate). float32 (any count, where
-// Float32PiecesOnBlas; libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul calls): the
-// hidden rows stay in the products' buffer. Both products recorded
-// as "praxis::mkl_bf16_gemm" or "praxis::sgemm" (inputs x, w). Writes out's rows [out_first,
-// out_first + count) (float32, or bf16 for bf16 x; [M, dim], unit-stride rows) and returns true;
-// returns false, writing nothing, where it does not take the piece (a bf16 count over
-// SmallBf16ExpertRows, other forms or dtypes). Called inside a parallel region, runs on the
-// calling thread alone (MKL's nested threading is off there); thread-safe.
+// takes, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm: each weight packed for it
+// at its first piece and kept, counted against SetFloat32WeightBudget's bytes; dim and inner
+// even): silu(gate) · up is computed in float32 from the first product's sums and rounded to bf16
+// once, as the second's operand (LibTorch's path rounds each product and the gate). float32
+// (where Float32PiecesOnBlas; libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul calls):
+// the hidden rows stay in the products' buffer. Both products recorded as "praxis::brgemm" or
+// "praxis::sgemm" (inputs x, w). Writes out's rows [out_first, out_first + count) (float32, or
+// bf16 for bf16 x; [M, dim], unit-stride rows) and returns true; returns false, writing nothing,
+// where it does not take the piece (a packed copy over the budget, other forms or dtypes). Called
+// inside a parallel region, runs on the calling thread alone (MKL's nested threading is off
+// there); thread-safe.
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,
                      torch::Tensor& out, int64_t out_first);
@@ -256,7 +252,8 @@ bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const
 
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the
-// 16-bit weights) and the Float32WeightHolds of models converted at load (in place of them).
+// 16-bit weights) and the Float32WeightHolds of models converted at load (in place of them); the
+// bf16 weights ExpertPieceInto packs for brgemm count too (their bytes on top of the weights).
 // Copies and holds already made stay. Thread-safe.
 void SetFloat32WeightBudget(int64_t bytes);
 

@@ -20,31 +20,23 @@ namespace praxis::model {
 
 namespace {
 
-// A bf16 SwiGLU (an expert, or a dense layer) over at most this many pieces of SmallBf16ExpertRows
-// rows is cut into such pieces for cpu::ExpertPieceInto / SwiGluPieceInto. A larger expert (a
-// batch's) is cut into pieces of kMoePieceRows, which take MKL's path only where such a piece's
-// product still fits (narrow experts), else LibTorch's GEMM (oneDNN's: faster than MKL's per row
-// on products past ~32 K outputs, docs/benchmarks.md, stop 35); a larger dense layer runs on
-// LibTorch's. A float32 one takes the pointer path whatever its size: an expert in pieces of
-// kMoePieceRows, a dense layer in at least one piece per thread (of at most that).
-constexpr int64_t kSmallExpertPieces = 4;
-
 // Rows of one piece of expert work on the CPU: one thread's float32 GEMM of the bench config's
 // expert shapes ([n, 128]·[128, 512]) over ~300 rows runs at 92 % of its rate over 1200 (measured,
 // torch.mm on 1 thread: 152 against 165 GFLOP/s), and smaller pieces balance the threads better.
 constexpr int64_t kMoePieceRows = 256;
 
-// Whether a SwiGLU's GEMMs run on float32 values and weights on the pointer path (its float
-// form, where libtorch_cpu has BLAS's sgemm_).
-bool Float32Gated(const torch::Tensor& x, const torch::Tensor& w) {
-  return x.is_cpu() && x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 &&
-         cpu::Float32PiecesOnBlas();
-}
-
 // Whether a matmul against the 16-bit weight `w` runs on the float32 GEMM (cpu::MatmulViaFloat32).
 bool GemmInFloat32(const torch::Tensor& x, const torch::Tensor& w) {
   return !x.is_cuda() && w.scalar_type() != torch::kFloat32 &&
          ReducedGemmInFloat32(w.scalar_type());
+}
+
+// Whether a SwiGLU's pieces run on a GEMM of ours (cpu::ExpertPieceInto): float32 values and
+// weights where libtorch_cpu has BLAS's sgemm_, bf16 ones on oneDNN's brgemm.
+bool PiecesOnOurGemm(const torch::Tensor& x, const torch::Tensor& w) {
+  if (!x.is_cpu() || x.scalar_type() != w.scalar_type()) return false;
+  if (x.scalar_type() == torch::kFloat32) return cpu::Float32PiecesOnBlas();
+  return x.scalar_type() == torch::kBFloat16 && !GemmInFloat32(x, w) && cpu::HasBf16Brgemm();
 }
 
 // x · w for a weight w [in, out] (the experts' layout), in w's dtype; with `keep_float32`, where
@@ -165,18 +157,14 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
                      const torch::Tensor& down) {
   const torch::Tensor xd = x.to(a.scalar_type());
-  // A layer runs as the experts do: in pieces on a BLAS GEMM, without LibTorch's ops (a, b
-  // [inner, dim]: its gate and up product is 2·inner wide); in bf16 only over a robot's few
-  // hundred tokens. A float32 one in at least one piece per thread (each piece's GEMM runs on
-  // its thread alone), of at most kMoePieceRows rows.
-  const bool float32 = Float32Gated(xd, a);
-  const int64_t tokens = xd.numel() / std::max<int64_t>(xd.size(-1), 1);
-  const int64_t threads = std::max<int64_t>(at::get_num_threads(), 1);
-  const int64_t piece =
-      float32 ? std::clamp<int64_t>((tokens + threads - 1) / threads, 1, kMoePieceRows)
-      : GemmInFloat32(xd, a) ? 0
-                             : cpu::SmallBf16ExpertRows(xd, a, 2 * a.size(0));
-  if (piece > 0 && (float32 || xd.numel() <= kSmallExpertPieces * piece * xd.size(-1))) {
+  // A layer runs as the experts do (a, b [inner, dim]: its gate and up product is 2·inner wide):
+  // where they run on a GEMM of ours (float32 on BLAS's, bf16 on oneDNN's brgemm), without
+  // LibTorch's ops, in at least one piece per thread (each piece's GEMM runs on its thread
+  // alone), of at most kMoePieceRows rows.
+  if (PiecesOnOurGemm(xd, a)) {
+    const int64_t tokens = xd.numel() / std::max<int64_t>(xd.size(-1), 1);
+    const int64_t threads = std::max<int64_t>(at::get_num_threads(), 1);
+    const int64_t piece = std::clamp<int64_t>((tokens + threads - 1) / threads, 1, kMoePieceRows);
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
     torch::Tensor out = torch::empty(rows.sizes(), rows.options());
     const int64_t pieces = (rows.size(0) + piece - 1) / piece;
@@ -282,23 +270,19 @@ torch::Tensor ExpertPiecesOnCpu(const torch::Tensor& xs, const cpu::ExpertRoutes
   // round trip a pass of its own).
   const torch::Tensor x = GemmInFloat32(xs, w.shared_gate_up) ? xs.to(torch::kFloat32) : xs;
   std::vector<Piece> pieces;
-  // An expert's pieces run on a BLAS GEMM without LibTorch's ops where cpu::ExpertPieceInto takes
-  // them: a bf16 expert of few rows in pieces as large as it takes, the others (and float32
-  // ones) in pieces of kMoePieceRows; a larger bf16 piece, or one of a model computed in float32
-  // from 16-bit weights, through LibTorch's ops (FusedExpertInto).
-  const int64_t shared_small =
-      cpu::SmallBf16ExpertRows(x, w.shared_gate_up, w.shared_gate_up.size(-1));
-  const int64_t routed_small = cpu::SmallBf16ExpertRows(x, w.gate_up, w.gate_up.size(-1));
-  auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows, int64_t small) {
-    const int64_t size = small > 0 && rows <= kSmallExpertPieces * small ? small : kMoePieceRows;
-    for (int64_t b = begin; b < begin + rows; b += size) {
-      pieces.push_back({expert, b, std::min(size, begin + rows - b)});
+  // An expert's pieces run on a GEMM of ours without LibTorch's ops where cpu::ExpertPieceInto
+  // takes them (float32 on BLAS's, bf16 on oneDNN's brgemm); others (a model computed in float32
+  // from 16-bit weights, a bf16 one on a CPU without brgemm's bf16) through LibTorch's ops
+  // (FusedExpertInto).
+  auto cut = [&pieces](int64_t expert, int64_t begin, int64_t rows) {
+    for (int64_t b = begin; b < begin + rows; b += kMoePieceRows) {
+      pieces.push_back({expert, b, std::min(kMoePieceRows, begin + rows - b)});
     }
   };
-  cut(-1, 0, xs.size(0), shared_small);
+  cut(-1, 0, xs.size(0));
   int64_t begin = 0;
   for (int64_t e = 0; e < static_cast<int64_t>(r.counts.size()); ++e) {
-    cut(e, begin, r.counts[e], routed_small);
+    cut(e, begin, r.counts[e]);
     begin += r.counts[e];
   }
   std::stable_sort(pieces.begin(), pieces.end(),

@@ -94,7 +94,8 @@ ABSL_FLAG(std::string, answer_pipeline, "auto",
 ABSL_FLAG(int64_t, max_float32_weight_bytes, int64_t{1} << 30,
           "bytes of float32 weights the CPU may hold where LibTorch's 16-bit GEMM is emulated or "
           "the slower one (the start-up line says): a bf16/fp16 model within it is computed in "
-          "float32; beyond it, float32 copies of its matmul weights fill what is left");
+          "float32; beyond it, float32 copies of its matmul weights fill what is left. bf16 "
+          "SwiGLU weights packed for oneDNN's brgemm (AMX, AVX512-BF16) count here too");
 ABSL_FLAG(int64_t, max_queue_requests, 1024, "queued requests beyond which RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queue_bytes, int64_t{1} << 30, "queued input bytes beyond which the same");
 ABSL_FLAG(int64_t, max_chunk_bytes, 1 << 20, "largest TensorChunk payload (>= 8)");

@@ -37,14 +37,18 @@ torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& w, double
 
 TEST(CpuKernelsTest, RmsNormEqualsTheAtenFormulaInEveryDtype) {
   torch::manual_seed(0);
-  const torch::Tensor w = torch::randn({48});
-  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
-    const torch::Tensor x = (3 * torch::randn({2, 37, 48})).to(dt);
-    const torch::Tensor got = cpu::RmsNorm(x, NormWeight(w), 1e-6);
-    EXPECT_EQ(got.scalar_type(), dt);
-    EXPECT_EQ(got.sizes(), x.sizes());
-    // One rounding of the result in bf16/fp16 may land one unit apart.
-    EXPECT_LE(MaxAbsDiff(got, AtenRmsNorm(x, w, 1e-6)), dt == torch::kFloat32 ? 1e-5 : 0.05) << dt;
+  // Rows of whole 16-lane vectors and with a partial last one.
+  for (int64_t n : {48, 40}) {
+    const torch::Tensor w = torch::randn({n});
+    for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      const torch::Tensor x = (3 * torch::randn({2, 37, n})).to(dt);
+      const torch::Tensor got = cpu::RmsNorm(x, NormWeight(w), 1e-6);
+      EXPECT_EQ(got.scalar_type(), dt);
+      EXPECT_EQ(got.sizes(), x.sizes());
+      // One rounding of the result in bf16/fp16 may land one unit apart.
+      EXPECT_LE(MaxAbsDiff(got, AtenRmsNorm(x, w, 1e-6)), dt == torch::kFloat32 ? 1e-5 : 0.05)
+          << dt << " " << n;
+    }
   }
 }
 
@@ -911,25 +915,24 @@ torch::Tensor GatedOracle(const torch::Tensor& x, const torch::Tensor& gate,
   return hidden.to(torch::kBFloat16).to(torch::kFloat32).matmul(down.to(torch::kFloat32));
 }
 
-// Both forms, rows gathered or a run of them, float32 and bf16 outputs: the oracle's values in
-// the rows asked for and nothing else written; every form it cannot take refused untouched.
-TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Values) {
+// Both forms, rows gathered or a run of them, float32 and bf16 outputs, on oneDNN's brgemm: the
+// oracle's values in the rows asked for and nothing else written, for row counts off and on its
+// 8-row padding and over several 32-row calls; every form it cannot take refused untouched.
+TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values) {
   torch::manual_seed(15);
   const int64_t dim = 32, inner = 16, experts = 3;
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
-  const torch::Tensor x = torch::randn({20, dim}, bf16);
+  const torch::Tensor x = torch::randn({90, dim}, bf16);
   const torch::Tensor gate_up = (torch::randn({experts, dim, 2 * inner}) / 4).to(torch::kBFloat16);
   const torch::Tensor down = (torch::randn({experts, inner, dim}) / 4).to(torch::kBFloat16);
-  const std::vector<int64_t> rows = {3, 7, 7, 0, 19};
+  const std::vector<int64_t> rows = {3, 7, 7, 0, 89};
   torch::Tensor out = torch::zeros({10, dim});
   const bool taken = cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2);
-  if (!cpu::SmallBf16GemmOnMkl()) {
+  if (!cpu::HasBf16Brgemm()) {
     EXPECT_FALSE(taken);
-    EXPECT_EQ(cpu::SmallBf16ExpertRows(x, gate_up, 2 * inner), 0);
-    return;
+    GTEST_SKIP() << "no bf16 brgemm here: bf16 pieces run on LibTorch's ops";
   }
   ASSERT_TRUE(taken);
-  EXPECT_EQ(cpu::SmallBf16ExpertRows(x, gate_up, 2 * inner), cpu::kSmallBf16GemmOutputs / 32);
   const torch::Tensor picked = x.index_select(0, torch::tensor(rows, torch::kInt64));
   const auto gu = gate_up[1].chunk(2, -1);
   const torch::Tensor want = GatedOracle(picked, gu[0], gu[1], down[1]);
@@ -937,14 +940,21 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
   EXPECT_EQ(out.narrow(0, 0, 2).abs().max().item<float>(), 0.0f);
   EXPECT_EQ(out.narrow(0, 7, 3).abs().max().item<float>(), 0.0f);
 
-  // The shared expert's form (2-D weights, a run of rows) into bf16 rows.
-  torch::Tensor out16 = torch::zeros({20, dim}, bf16);
-  ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 4, 3, gate_up[0], down[0], -1, out16, 4));
+  // The shared expert's form (2-D weights, a run of rows) into bf16 rows: 8 rows (no padding),
+  // 3 and 70 (padded, the last over three calls of 32, 32 and 8 rows).
   const auto gu0 = gate_up[0].chunk(2, -1);
+  for (const int64_t count : {8, 3, 70}) {
+    torch::Tensor out16 = torch::zeros({90, dim}, bf16);
+    ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 4, count, gate_up[0], down[0], -1, out16, 4));
+    const torch::Tensor want0 = GatedOracle(x.narrow(0, 4, count), gu0[0], gu0[1], down[0]);
+    EXPECT_LE(MaxAbsDiff(out16.narrow(0, 4, count), want0), 2e-2 * want0.abs().max().item<double>())
+        << count << " rows";
+    EXPECT_EQ(out16.narrow(0, 0, 4).abs().max().item<float>(), 0.0f) << count;
+    EXPECT_EQ(out16.narrow(0, 4 + count, 86 - count).abs().max().item<float>(), 0.0f) << count;
+  }
   const torch::Tensor want0 = GatedOracle(x.narrow(0, 4, 3), gu0[0], gu0[1], down[0]);
-  EXPECT_LE(MaxAbsDiff(out16.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
 
-  // A dense SwiGLU's Linear weights: a, b [inner, dim], down [dim, inner].
+  // A dense SwiGLU's Linear weights: a, b [inner, dim], down [dim, inner] (packed transposed).
   const torch::Tensor a = gu0[0].t().contiguous(), b = gu0[1].t().contiguous();
   const torch::Tensor down_linear = down[0].t().contiguous();
   torch::Tensor dense = torch::zeros({20, dim}, bf16);
@@ -964,22 +974,29 @@ TEST(MklBf16MatmulTest, SmallSwiGluPiecesEqualTheFloat32ProductsOfTheirBf16Value
                                     down[0], -1, out3, 0));
   EXPECT_EQ(out3.abs().max().item<float>(), 0.0f);
 
-  // Refused, nothing written: a row out of range throws; other forms return false.
-  const std::vector<int64_t> bad = {20};
+  // Refused, nothing written: a row out of range throws; other forms return false, and so does
+  // an odd inner dimension (brgemm multiplies pairs of it) and a weight whose packed copy would
+  // not fit in the budget.
+  const std::vector<int64_t> bad = {90};
   EXPECT_THROW(cpu::ExpertPieceInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
   const torch::Tensor before = out.clone();
-  const int64_t over = cpu::kSmallBf16GemmOutputs / (2 * inner) + 1;
-  const torch::Tensor many = torch::randn({over, dim}, bf16);
-  torch::Tensor big = torch::zeros({over, dim});
-  EXPECT_FALSE(cpu::ExpertPieceInto(many, nullptr, 0, over, gate_up, down, 0, big, 0));
   EXPECT_FALSE(
       cpu::ExpertPieceInto(x.to(torch::kFloat32), rows.data(), 0, 5, gate_up, down, 1, out, 0));
   EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, experts, out, 0));
   EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 6));
   torch::Tensor narrow_out = torch::zeros({10, dim - 1});
   EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, narrow_out, 0));
+  const torch::Tensor odd_up = (torch::randn({dim, 2 * (inner + 1)}) / 4).to(torch::kBFloat16);
+  const torch::Tensor odd_down = (torch::randn({inner + 1, dim}) / 4).to(torch::kBFloat16);
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, odd_up, odd_down, -1, out, 0));
+  const torch::Tensor new_up = gate_up[2].clone(), new_down = down[2].clone();
+  cpu::SetFloat32WeightBudget(0);
+  const bool over = cpu::ExpertPieceInto(x, rows.data(), 0, 5, new_up, new_down, -1, out, 0);
+  cpu::SetFloat32WeightBudget(int64_t{1} << 30);
+  EXPECT_FALSE(over);
   EXPECT_TRUE(torch::equal(out, before));
-  EXPECT_EQ(big.abs().max().item<float>(), 0.0f);
+  ASSERT_TRUE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, new_up, new_down, -1, out, 0));
+  EXPECT_FALSE(torch::equal(out, before));
 }
 
 // The float32 form: any number of rows, on BLAS's float GEMM, the hidden rows never rounded: the

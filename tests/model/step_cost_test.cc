@@ -61,7 +61,8 @@ TEST(StepCostTest, ScalesWithRowsAndDenseCountsEveryPair) {
 
 // The cost is what admission bounds a request's work by (SPEC §12), so it must count every matmul a
 // forward runs: the GEMMs a real forward runs (LibTorch's, MKL's bf16 one where a bf16 model takes
-// it, and the float32 SwiGLU pieces'; recorded on every thread) against the cost less its attention
+// it, and the SwiGLU pieces' on BLAS's float GEMM or oneDNN's bf16 brgemm; recorded on every
+// thread) against the cost less its attention
 // pairs. Never more, and within 1 %: the cost also counts the router's logits, which run on a
 // kernel of ours, not LibTorch's GEMM (0.14 % of the tiny model's).
 TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
@@ -83,17 +84,21 @@ TEST(StepCostTest, CountsEveryGemmAForwardRuns) {
           bench::RecordGemms([&] { s = m->Forward(in).status(); });
       ASSERT_TRUE(s.ok()) << s;
       double recorded = 0;
-      int mkl_calls = 0, sgemm_calls = 0;
+      int mkl_calls = 0, sgemm_calls = 0, brgemm_calls = 0;
       for (const bench::GemmCall& call : calls) {
         recorded += call.Flops();
         mkl_calls += call.op == "praxis::mkl_bf16_gemm";
         sgemm_calls += call.op == "praxis::sgemm";
+        brgemm_calls += call.op == "praxis::brgemm";
       }
       if (m == bf16.get() && on_mkl) {
         EXPECT_GT(mkl_calls, 0) << "no small product on MKL's GEMM";
       }
       if (m == model.get() && cpu::Float32PiecesOnBlas()) {
         EXPECT_GT(sgemm_calls, 0) << "no float32 SwiGLU piece on pointers";
+      }
+      if (m == bf16.get() && cpu::HasBf16Brgemm() && !ReducedGemmInFloat32(torch::kBFloat16)) {
+        EXPECT_GT(brgemm_calls, 0) << "no bf16 SwiGLU piece on brgemm";
       }
       const StepCost cost = ComputeStepCost(c, StepLayout(in), in.decode, rows);
       const double matmuls = cost.flops - cost.attention_flops;
