@@ -93,7 +93,10 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
   auto run_one = [&](size_t i) {
     const std::string& op = calls[i].op;
     const std::vector<torch::Tensor>& a = args[i];
-    if (op == "aten::mm" || op == "praxis::sgemm" || op == "praxis::brgemm") {  // LibTorch's own
+    // The pieces' products as LibTorch's GEMM of the same operands: BLAS's sgemm is the one under
+    // LibTorch's float matmul; brgemm's bf16 pieces replay on oneDNN's full matmul, whose per-call
+    // cost (~15-20 us) is above brgemm's, so a bf16 step's GEMM time reads somewhat high.
+    if (op == "aten::mm" || op == "praxis::sgemm" || op == "praxis::brgemm") {
       torch::mm(a[0], a[1]);
     } else if (op == "aten::bmm") {
       torch::bmm(a[0], a[1]);

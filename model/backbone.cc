@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,26 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     PRAXIS_ASSIGN_OR_RETURN(
         std::unique_ptr<BackboneWeights> w,
         BindWeights(config, hold.has_value() ? converted : weights, options.device));
+    // A bf16 model's SwiGLU pieces run on oneDNN's brgemm (cpu::ExpertPieceInto) over packed
+    // copies of their weights, made here for all of them or none (within the float32 weight
+    // budget): a first forward's threads would pack them in the order they reach them.
+    if (reduced_on_cpu && dt == torch::kBFloat16 && !hold.has_value() && !gemm_in_float32) {
+      std::vector<cpu::BrgemmWeight> swiglu;
+      for (const TowerWeights* tower : {&w->enc.tower, &w->dec.tower}) {
+        for (const BlockWeights& b : tower->blocks) {
+          if (b.moe) {
+            for (const torch::Tensor& t :
+                 {b.moe_w.gate_up, b.moe_w.down, b.moe_w.shared_gate_up, b.moe_w.shared_down}) {
+              swiglu.push_back({t});
+            }
+          } else {
+            for (const torch::Tensor& t : {b.ffn_a, b.ffn_b, b.ffn_down})
+              swiglu.push_back({t, true});
+          }
+        }
+      }
+      (void)cpu::PackForBrgemm(swiglu);
+    }
     return std::unique_ptr<VideoBackbone>(
         new VideoBackbone(config, options, std::move(w), std::move(hold)));
   } catch (const std::exception& e) {

@@ -1671,13 +1671,16 @@ torch::Tensor GateHeads(const torch::Tensor& o, const torch::Tensor& gate,
 namespace {
 
 // The forms a weight is copied into for a faster GEMM: float32 (MatmulViaFloat32's, for CPUs
-// whose 16-bit GEMM is the slower), or a bf16 [K, N] weight packed for oneDNN's brgemm (the VNNI
-// layout, [K/2, N, 2]: ExpertPieceInto's bf16 pieces where they run on it).
+// whose 16-bit GEMM is the slower), or a bf16 [..., K, N] weight packed for oneDNN's brgemm (the
+// VNNI layout, [..., K/2, N, 2]: ExpertPieceInto's bf16 pieces, PackForBrgemm).
 enum class CopyForm : int8_t { kFloat32, kBrgemm };
 
-// w [K, N] (bf16, any strides, K even) as brgemm's B operand: rows 2i and 2i + 1 interleaved.
+// w [..., K, N] (bf16, any strides, K even) as brgemm's B operands: rows 2i and 2i + 1
+// interleaved. Always a new tensor (a view of w would keep w's storage alive from the cache).
 torch::Tensor PackedForBrgemm(const torch::Tensor& w) {
-  return w.reshape({w.size(0) / 2, 2, w.size(1)}).transpose(1, 2).contiguous();
+  std::vector<int64_t> pairs(w.sizes().begin(), w.sizes().end() - 2);
+  pairs.insert(pairs.end(), {w.size(-2) / 2, 2, w.size(-1)});
+  return w.reshape(pairs).transpose(-1, -2).clone(at::MemoryFormat::Contiguous);
 }
 
 // Copies of weights in a CopyForm, by the view they were made from (its storage, offset, sizes
@@ -1689,20 +1692,33 @@ class WeightCopies {
  public:
   // w's copy in `form`; undefined when it would not fit in the budget.
   torch::Tensor Of(const torch::Tensor& w, CopyForm form = CopyForm::kFloat32) {
-    Key key{w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
-            w.strides().vec(), form};
+    return MakeAll({w}, form) ? Find(w, form) : torch::Tensor();
+  }
+
+  // Copies of every weight in `ws` in `form`, made where missing, all or none: false, nothing
+  // made, when the missing ones would not fit in the budget together.
+  bool MakeAll(const std::vector<torch::Tensor>& ws, CopyForm form) {
     absl::MutexLock lock(&mu_);
-    auto it = copies_.find(key);
-    if (it != copies_.end() && !it->second.storage.expired()) return it->second.copy;
     DropExpired();
-    const int64_t bytes =
-        w.numel() * (form == CopyForm::kFloat32 ? static_cast<int64_t>(sizeof(float))
-                                                : static_cast<int64_t>(w.element_size()));
-    if (held_ + bytes > budget_) return {};
-    torch::Tensor copy = form == CopyForm::kFloat32 ? w.to(torch::kFloat32) : PackedForBrgemm(w);
-    held_ += bytes;
-    copies_.insert_or_assign(std::move(key), Entry{w.storage().getWeakStorageImpl(), copy});
-    return copy;
+    int64_t bytes = 0;
+    for (const torch::Tensor& w : ws) {
+      if (FindLocked(w, form) == nullptr) bytes += BytesOf(w, form);
+    }
+    if (held_ + bytes > budget_) return false;
+    for (const torch::Tensor& w : ws) {
+      if (FindLocked(w, form) != nullptr) continue;
+      torch::Tensor copy = form == CopyForm::kFloat32 ? w.to(torch::kFloat32) : PackedForBrgemm(w);
+      held_ += copy.nbytes();
+      copies_.insert_or_assign(KeyOf(w, form), Entry{w.storage().getWeakStorageImpl(), copy});
+    }
+    return true;
+  }
+
+  // w's copy in `form` where one was made (and its weight lives); undefined otherwise.
+  torch::Tensor Find(const torch::Tensor& w, CopyForm form) {
+    absl::MutexLock lock(&mu_);
+    const torch::Tensor* copy = FindLocked(w, form);
+    return copy == nullptr ? torch::Tensor() : *copy;
   }
 
   void SetBudget(int64_t bytes) {
@@ -1730,6 +1746,18 @@ class WeightCopies {
   }
 
  private:
+  // The bytes of w's copy in `form`.
+  static int64_t BytesOf(const torch::Tensor& w, CopyForm form) {
+    return w.numel() * (form == CopyForm::kFloat32 ? static_cast<int64_t>(sizeof(float))
+                                                   : static_cast<int64_t>(w.element_size()));
+  }
+
+  const torch::Tensor* FindLocked(const torch::Tensor& w, CopyForm form)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = copies_.find(KeyOf(w, form));
+    return it == copies_.end() || it->second.storage.expired() ? nullptr : &it->second.copy;
+  }
+
   // Forgets the copies whose weight is gone (its model unloaded), giving back their bytes.
   void DropExpired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::erase_if(copies_, [this](const auto& entry) {
@@ -1741,6 +1769,10 @@ class WeightCopies {
 
   using Key =
       std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, CopyForm>;
+  static Key KeyOf(const torch::Tensor& w, CopyForm form) {
+    return {w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
+            w.strides().vec(), form};
+  }
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     torch::Tensor copy;
@@ -2029,6 +2061,8 @@ void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
     at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.n, ldc,
                                 /*add_C=*/false, ab + r * lda, w.packed, c + r * ldc);
   }
+#else
+  TORCH_CHECK(false, "cpu::GatedProduct: bf16 pieces need x86's brgemm");
 #endif
 }
 void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const BlasWeight<float>& w,
@@ -2170,20 +2204,16 @@ bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int
   std::array<BlasWeight<T>, 2> w{};
   std::array<torch::Tensor, 3> packs;  // the packed copies, alive through the call
   size_t n = 0;
-  // t's operand, with its packed copy where bf16 pieces run on brgemm; nullopt where it is not
-  // of a form this takes, or its copy would not fit in the budget.
+  // t's operand, with its packed copy for brgemm where it is bf16 (PackForBrgemm's: made at load,
+  // never here); nullopt where it is not of a form this takes, or not packed.
   auto operand = [&](const torch::Tensor& t) -> std::optional<BlasWeight<T>> {
     std::optional<BlasWeight<T>> o = BlasOperand<T>(t, expert, linear);
     if constexpr (std::is_same_v<T, uint16_t>) {
-      if (o.has_value() && HasBf16Brgemm()) {
-        torch::Tensor view = expert < 0 ? t : t.select(0, expert);
-        if (linear) view = view.t();
-        if (o->k % 2 != 0) return std::nullopt;  // brgemm's pairs of the inner dimension
-        torch::Tensor& pack = packs[n];
-        pack = WeightCopies::Get().Of(view, CopyForm::kBrgemm);
-        if (!pack.defined()) return std::nullopt;
-        o->packed = pack.const_data_ptr<at::BFloat16>();
-      }
+      if (!o.has_value() || !HasBf16Brgemm()) return std::nullopt;
+      torch::Tensor& pack = packs[n];
+      pack = WeightCopies::Get().Find(linear ? t.transpose(-1, -2) : t, CopyForm::kBrgemm);
+      if (!pack.defined()) return std::nullopt;
+      o->packed = pack.const_data_ptr<at::BFloat16>() + (expert < 0 ? 0 : expert * o->k * o->n);
     }
     return o;
   };
@@ -2213,6 +2243,20 @@ bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, in
 }  // namespace
 
 bool Float32PiecesOnBlas() { return HasPieceGemm<float>(); }
+
+bool PackForBrgemm(const std::vector<BrgemmWeight>& weights) {
+  if (!HasBf16Brgemm()) return false;
+  std::vector<torch::Tensor> views;
+  for (const BrgemmWeight& w : weights) {
+    const torch::Tensor v = w.linear ? w.w.transpose(-1, -2) : w.w;
+    if (!v.is_cpu() || v.scalar_type() != torch::kBFloat16 || v.dim() < 2 || v.dim() > 3 ||
+        v.size(-2) % 2 != 0) {
+      return false;
+    }
+    views.push_back(v);
+  }
+  return WeightCopies::Get().MakeAll(views, CopyForm::kBrgemm);
+}
 
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                      const torch::Tensor& gate_up, const torch::Tensor& down, int64_t expert,

@@ -160,9 +160,9 @@ inline constexpr int64_t kNarrowHeadDim = 32;
 
 // Whether LibTorch's brgemm (oneDNN's ukernel, as LibTorch's flash kernel calls it) multiplies
 // VNNI-packed bf16 here on bf16 units — AMX tiles or AVX512-BF16 dot products — checked once on a
-// small known product; TileAttention then takes it for bf16 (kBest), and ExpertPieceInto for bf16
-// pieces. The environment variable PRAXIS_BF16_BRGEMM=0, read once, turns it off for A/B runs.
-// Thread-safe.
+// small known product; TileAttention then takes it for bf16 (kBest), and ExpertPieceInto /
+// SwiGluPieceInto for bf16 pieces. The environment variable PRAXIS_BF16_BRGEMM=0, read once, turns
+// it off for A/B runs. Thread-safe.
 bool HasBf16Brgemm();
 
 // The gated attention output, in one pass: out[b, t, h·hd + i] = o[b, h, t, i] · sigmoid(gate[b, t,
@@ -230,15 +230,15 @@ bool Float32PiecesOnBlas();
 // The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
 // [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
 // `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
-// takes, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm: each weight packed for it
-// at its first piece and kept, counted against SetFloat32WeightBudget's bytes; dim and inner
-// even): silu(gate) · up is computed in float32 from the first product's sums and rounded to bf16
-// once, as the second's operand (LibTorch's path rounds each product and the gate). float32
+// takes, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm, with the weights
+// PackForBrgemm packed): silu(gate) · up is computed in float32 from the first product's sums and
+// rounded to bf16 once, as the second's operand (LibTorch's path rounds each product and the
+// gate). float32
 // (where Float32PiecesOnBlas; libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul calls):
 // the hidden rows stay in the products' buffer. Both products recorded as "praxis::brgemm" or
 // "praxis::sgemm" (inputs x, w). Writes out's rows [out_first, out_first + count) (float32, or
 // bf16 for bf16 x; [M, dim], unit-stride rows) and returns true; returns false, writing nothing,
-// where it does not take the piece (a packed copy over the budget, other forms or dtypes). Called
+// where it does not take the piece (bf16 weights not packed, other forms or dtypes). Called
 // inside a parallel region, runs on the calling thread alone (MKL's nested threading is off
 // there); thread-safe.
 bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
@@ -250,10 +250,25 @@ bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first,
 bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,
                      const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out);
 
+// A bf16 SwiGLU weight as ExpertPieceInto / SwiGluPieceInto are given it: an [E, K, N] expert
+// stack or a [K, N] weight, or with `linear` a Linear's [N, K] weight.
+struct BrgemmWeight {
+  torch::Tensor w;
+  bool linear = false;
+};
+
+// Packs `weights` into oneDNN's VNNI layout for the bf16 pieces' brgemm, all or none, kept while
+// each weight's storage lives and counted against SetFloat32WeightBudget's bytes. Returns whether
+// all are packed (false, none made: over the budget, no bf16 brgemm here, a weight not bf16 on
+// the CPU or with an odd K). VideoBackbone::Create packs a bf16 CPU model's at load, so that
+// whether a piece takes brgemm (and its numerics) depends on the model alone, never on which
+// experts earlier requests reached. Thread-safe.
+bool PackForBrgemm(const std::vector<BrgemmWeight>& weights);
+
 // The most bytes of float32 weights for 16-bit models, all models together (default 1 GiB, the
 // server's --max_float32_weight_bytes): MatmulViaFloat32's copies (float32's memory on top of the
 // 16-bit weights) and the Float32WeightHolds of models converted at load (in place of them); the
-// bf16 weights ExpertPieceInto packs for brgemm count too (their bytes on top of the weights).
+// bf16 weights PackForBrgemm packs count too (their bytes on top of the weights).
 // Copies and holds already made stay. Thread-safe.
 void SetFloat32WeightBudget(int64_t bytes);
 

@@ -915,9 +915,10 @@ torch::Tensor GatedOracle(const torch::Tensor& x, const torch::Tensor& gate,
   return hidden.to(torch::kBFloat16).to(torch::kFloat32).matmul(down.to(torch::kFloat32));
 }
 
-// Both forms, rows gathered or a run of them, float32 and bf16 outputs, on oneDNN's brgemm: the
-// oracle's values in the rows asked for and nothing else written, for row counts off and on its
-// 8-row padding and over several 32-row calls; every form it cannot take refused untouched.
+// Both forms, rows gathered or a run of them, float32 and bf16 outputs, on oneDNN's brgemm over
+// the weights PackForBrgemm packed: the oracle's values in the rows asked for and nothing else
+// written, for row counts off and on its 8-row padding and over several 32-row calls, widths in
+// and off whole vectors; weights not packed, and every form it cannot take, refused untouched.
 TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values) {
   torch::manual_seed(15);
   const int64_t dim = 32, inner = 16, experts = 3;
@@ -925,13 +926,22 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
   const torch::Tensor x = torch::randn({90, dim}, bf16);
   const torch::Tensor gate_up = (torch::randn({experts, dim, 2 * inner}) / 4).to(torch::kBFloat16);
   const torch::Tensor down = (torch::randn({experts, inner, dim}) / 4).to(torch::kBFloat16);
+  const auto gu0 = gate_up[0].chunk(2, -1);
+  // A dense SwiGLU's Linear weights: a, b [inner, dim], down [dim, inner] (packed transposed).
+  const torch::Tensor a = gu0[0].t().contiguous(), b = gu0[1].t().contiguous();
+  const torch::Tensor down_linear = down[0].t().contiguous();
   const std::vector<int64_t> rows = {3, 7, 7, 0, 89};
   torch::Tensor out = torch::zeros({10, dim});
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2));  // unpacked
+  const bool packed = cpu::PackForBrgemm(
+      {{gate_up}, {down}, {gate_up[0]}, {down[0]}, {a, true}, {b, true}, {down_linear, true}});
   const bool taken = cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, out, 2);
   if (!cpu::HasBf16Brgemm()) {
+    EXPECT_FALSE(packed);
     EXPECT_FALSE(taken);
     GTEST_SKIP() << "no bf16 brgemm here: bf16 pieces run on LibTorch's ops";
   }
+  ASSERT_TRUE(packed);
   ASSERT_TRUE(taken);
   const torch::Tensor picked = x.index_select(0, torch::tensor(rows, torch::kInt64));
   const auto gu = gate_up[1].chunk(2, -1);
@@ -942,7 +952,6 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
 
   // The shared expert's form (2-D weights, a run of rows) into bf16 rows: 8 rows (no padding),
   // 3 and 70 (padded, the last over three calls of 32, 32 and 8 rows).
-  const auto gu0 = gate_up[0].chunk(2, -1);
   for (const int64_t count : {8, 3, 70}) {
     torch::Tensor out16 = torch::zeros({90, dim}, bf16);
     ASSERT_TRUE(cpu::ExpertPieceInto(x, nullptr, 4, count, gate_up[0], down[0], -1, out16, 4));
@@ -954,13 +963,21 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
   }
   const torch::Tensor want0 = GatedOracle(x.narrow(0, 4, 3), gu0[0], gu0[1], down[0]);
 
-  // A dense SwiGLU's Linear weights: a, b [inner, dim], down [dim, inner] (packed transposed).
-  const torch::Tensor a = gu0[0].t().contiguous(), b = gu0[1].t().contiguous();
-  const torch::Tensor down_linear = down[0].t().contiguous();
   torch::Tensor dense = torch::zeros({20, dim}, bf16);
   ASSERT_TRUE(cpu::SwiGluPieceInto(x, 4, 3, a, b, down_linear, dense));
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
+
+  // Widths off whole vectors and tiles: dim 40, inner 24 (products 48 and 40 wide, 40 and 24 deep).
+  const torch::Tensor x40 = torch::randn({70, 40}, bf16);
+  const torch::Tensor up40 = (torch::randn({40, 48}) / 4).to(torch::kBFloat16);
+  const torch::Tensor down40 = (torch::randn({24, 40}) / 4).to(torch::kBFloat16);
+  ASSERT_TRUE(cpu::PackForBrgemm({{up40}, {down40}}));
+  torch::Tensor out40 = torch::zeros({70, 40});
+  ASSERT_TRUE(cpu::ExpertPieceInto(x40, nullptr, 0, 70, up40, down40, -1, out40, 0));
+  const auto gu40 = up40.chunk(2, -1);
+  const torch::Tensor want40 = GatedOracle(x40, gu40[0], gu40[1], down40);
+  EXPECT_LE(MaxAbsDiff(out40, want40), 1e-2 * want40.abs().max().item<double>());
 
   // One row is read as a row whatever its stride ([dim, 1]ᵀ: stride 1 on its size-1 dimension);
   // a run of rows that is not laid out as rows (an expanded one) is refused.
@@ -974,9 +991,9 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
                                     down[0], -1, out3, 0));
   EXPECT_EQ(out3.abs().max().item<float>(), 0.0f);
 
-  // Refused, nothing written: a row out of range throws; other forms return false, and so does
-  // an odd inner dimension (brgemm multiplies pairs of it) and a weight whose packed copy would
-  // not fit in the budget.
+  // Refused, nothing written: a row out of range throws; other forms return false, and so do
+  // weights not packed: over the budget, or with an odd inner dimension (brgemm multiplies pairs
+  // of it), where no weight of the call is packed (all or none).
   const std::vector<int64_t> bad = {90};
   EXPECT_THROW(cpu::ExpertPieceInto(x, bad.data(), 0, 1, gate_up, down, 1, out, 0), c10::Error);
   const torch::Tensor before = out.clone();
@@ -988,13 +1005,19 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
   EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, gate_up, down, 1, narrow_out, 0));
   const torch::Tensor odd_up = (torch::randn({dim, 2 * (inner + 1)}) / 4).to(torch::kBFloat16);
   const torch::Tensor odd_down = (torch::randn({inner + 1, dim}) / 4).to(torch::kBFloat16);
+  EXPECT_FALSE(cpu::PackForBrgemm({{odd_up}, {odd_down}}));
   EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, odd_up, odd_down, -1, out, 0));
+  const torch::Tensor even_up = odd_up.narrow(1, 0, 2 * inner).contiguous();
+  EXPECT_FALSE(cpu::PackForBrgemm({{even_up}, {odd_down}}));  // even_up: not packed either
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, even_up, down[0], -1, out, 0));
   const torch::Tensor new_up = gate_up[2].clone(), new_down = down[2].clone();
   cpu::SetFloat32WeightBudget(0);
-  const bool over = cpu::ExpertPieceInto(x, rows.data(), 0, 5, new_up, new_down, -1, out, 0);
+  const bool over = cpu::PackForBrgemm({{new_up}, {new_down}});
   cpu::SetFloat32WeightBudget(int64_t{1} << 30);
   EXPECT_FALSE(over);
+  EXPECT_FALSE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, new_up, new_down, -1, out, 0));
   EXPECT_TRUE(torch::equal(out, before));
+  ASSERT_TRUE(cpu::PackForBrgemm({{new_up}, {new_down}}));
   ASSERT_TRUE(cpu::ExpertPieceInto(x, rows.data(), 0, 5, new_up, new_down, -1, out, 0));
   EXPECT_FALSE(torch::equal(out, before));
 }
