@@ -1692,26 +1692,16 @@ class WeightCopies {
  public:
   // w's copy in `form`; undefined when it would not fit in the budget.
   torch::Tensor Of(const torch::Tensor& w, CopyForm form = CopyForm::kFloat32) {
-    return MakeAll({w}, form) ? Find(w, form) : torch::Tensor();
+    absl::MutexLock lock(&mu_);
+    if (!MakeAllLocked({w}, form)) return {};
+    return *FindLocked(w, form);
   }
 
   // Copies of every weight in `ws` in `form`, made where missing, all or none: false, nothing
   // made, when the missing ones would not fit in the budget together.
   bool MakeAll(const std::vector<torch::Tensor>& ws, CopyForm form) {
     absl::MutexLock lock(&mu_);
-    DropExpired();
-    int64_t bytes = 0;
-    for (const torch::Tensor& w : ws) {
-      if (FindLocked(w, form) == nullptr) bytes += BytesOf(w, form);
-    }
-    if (held_ + bytes > budget_) return false;
-    for (const torch::Tensor& w : ws) {
-      if (FindLocked(w, form) != nullptr) continue;
-      torch::Tensor copy = form == CopyForm::kFloat32 ? w.to(torch::kFloat32) : PackedForBrgemm(w);
-      held_ += copy.nbytes();
-      copies_.insert_or_assign(KeyOf(w, form), Entry{w.storage().getWeakStorageImpl(), copy});
-    }
-    return true;
+    return MakeAllLocked(ws, form);
   }
 
   // w's copy in `form` where one was made (and its weight lives); undefined otherwise.
@@ -1746,6 +1736,29 @@ class WeightCopies {
   }
 
  private:
+  // MakeAll under the lock. A call whose copies all exist (MatmulViaFloat32's every call after
+  // its first) only looks them up: no pass over the entries for expired ones.
+  bool MakeAllLocked(const std::vector<torch::Tensor>& ws, CopyForm form)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t bytes = 0;
+    bool missing = false;
+    for (const torch::Tensor& w : ws) {
+      if (FindLocked(w, form) != nullptr) continue;
+      bytes += BytesOf(w, form);
+      missing = true;
+    }
+    if (!missing) return true;
+    DropExpired();
+    if (held_ + bytes > budget_) return false;
+    for (const torch::Tensor& w : ws) {
+      if (FindLocked(w, form) != nullptr) continue;
+      torch::Tensor copy = form == CopyForm::kFloat32 ? w.to(torch::kFloat32) : PackedForBrgemm(w);
+      held_ += copy.nbytes();
+      copies_.insert_or_assign(KeyOf(w, form), Entry{w.storage().getWeakStorageImpl(), copy});
+    }
+    return true;
+  }
+
   // The bytes of w's copy in `form`.
   static int64_t BytesOf(const torch::Tensor& w, CopyForm form) {
     return w.numel() * (form == CopyForm::kFloat32 ? static_cast<int64_t>(sizeof(float))
