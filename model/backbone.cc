@@ -125,6 +125,17 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
         }
       }
       (void)cpu::PackForBrgemm(swiglu);
+    } else if (options.device.is_cpu() && w->enc.tower.registers.scalar_type() == torch::kFloat32 &&
+               cpu::HasFloat32Brgemm()) {
+      // A float32 model's dense SwiGLU pieces run on oneDNN's brgemm, which reads no transposed
+      // weight: each Linear weight [N, K] is laid out as its transpose's rows (the same tensor,
+      // column-major; LibTorch's linear reads either), in place of the original, not beside it.
+      for (TowerWeights* tower : {&w->enc.tower, &w->dec.tower}) {
+        for (BlockWeights& b : tower->blocks) {
+          if (b.moe) continue;
+          for (torch::Tensor* t : {&b.ffn_a, &b.ffn_b, &b.ffn_down}) *t = t->t().contiguous().t();
+        }
+      }
     }
     return std::unique_ptr<VideoBackbone>(
         new VideoBackbone(config, options, std::move(w), std::move(hold)));

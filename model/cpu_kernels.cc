@@ -2044,6 +2044,30 @@ BlasSgemm FindBlasSgemm() {
   return gemm;
 }
 
+// Whether LibTorch's brgemm multiplies float32 here, checked on a small known product: small
+// integers, so every sum is exact. (Where oneDNN's ukernel cannot, LibTorch's brgemm calls its
+// float GEMM instead; where it throws, not taken.)
+bool Float32BrgemmComputes() {
+#if defined(PRAXIS_X86_SIMD)
+  constexpr int64_t kM = 5, kN = 20, kK = 24;
+  const torch::Tensor a =
+      ((torch::arange(kM).unsqueeze(1) + 2 * torch::arange(kK)).remainder(5) - 2).to(at::kFloat);
+  const torch::Tensor b =
+      ((3 * torch::arange(kK).unsqueeze(1) + torch::arange(kN)).remainder(7) - 3).to(at::kFloat);
+  const torch::Tensor c = torch::empty({kM, kN});
+  try {
+    at::native::cpublas::brgemm(kM, kN, kK, kK, kN, kN, /*add_C=*/false, a.const_data_ptr<float>(),
+                                b.const_data_ptr<float>(), c.mutable_data_ptr<float>(),
+                                /*is_vnni=*/false);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return torch::equal(c, torch::matmul(a, b));
+#else
+  return false;
+#endif
+}
+
 // The GEMM a piece of T's runs on, found: oneDNN's brgemm taking bf16, or BLAS's float one.
 template <typename T>
 bool HasPieceGemm() {
@@ -2061,9 +2085,10 @@ bool HasPieceGemm() {
 constexpr int64_t kPieceBrgemmRows = 32, kPieceBrgemmRowStep = 8;
 
 // c [m, w.n] (float32, rows of ldc) = a [m, w.k] (rows of lda) · w on one thread, recorded as the
-// op GemmRecord replays over the piece's own `rows` (m less its padding): oneDNN's brgemm on
-// w.packed (m a multiple of kPieceBrgemmRowStep), or BLAS's float GEMM (column-major: cᵀ = wᵀ·aᵀ).
-// Sizes known to fit an int.
+// op GemmRecord replays over the piece's own `rows` (m less its padding): bf16 on oneDNN's brgemm
+// over w.packed (m a multiple of kPieceBrgemmRowStep); float32 on oneDNN's brgemm where w's rows
+// are [K, N] (HasFloat32Brgemm; it reads no transposed B), else on BLAS's float GEMM
+// (column-major: cᵀ = wᵀ·aᵀ). Sizes known to fit an int.
 void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
                   const BlasWeight<uint16_t>& w, float* c, int64_t ldc) {
   RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
@@ -2080,6 +2105,17 @@ void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
 }
 void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const BlasWeight<float>& w,
                   float* c, int64_t ldc) {
+#if defined(PRAXIS_X86_SIMD)
+  if (!w.layout.transposed && HasFloat32Brgemm()) {
+    RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
+    for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
+      at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.layout.ld,
+                                  ldc, /*add_C=*/false, a + r * lda, w.data, c + r * ldc,
+                                  /*is_vnni=*/false);
+    }
+    return;
+  }
+#endif
   RECORD_FUNCTION("praxis::sgemm", RecordedProduct(a, rows, lda, w));
   const int n = static_cast<int>(w.n), mi = static_cast<int>(m), k = static_cast<int>(w.k);
   const int ldw = static_cast<int>(w.layout.ld), ldx = static_cast<int>(lda);
@@ -2256,6 +2292,19 @@ bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, in
 }  // namespace
 
 bool Float32PiecesOnBlas() { return HasPieceGemm<float>(); }
+
+bool HasFloat32Brgemm() {
+  static const bool has = [] {
+    const char* const env = std::getenv("PRAXIS_FLOAT32_BRGEMM");
+    if (env != nullptr && std::atoi(env) == 0) return false;
+#if defined(PRAXIS_X86_SIMD)
+    return __builtin_cpu_supports("avx512f") && Float32BrgemmComputes();
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
 
 bool PackForBrgemm(const std::vector<BrgemmWeight>& weights) {
   if (!HasBf16Brgemm()) return false;

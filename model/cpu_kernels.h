@@ -225,6 +225,13 @@ torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
 // float GEMM (sgemm_). Thread-safe.
 bool Float32PiecesOnBlas();
 
+// Whether a float32 piece's products with weights whose rows are [K, N] (the experts'; a dense
+// layer's Linear weights where VideoBackbone::Create lays them out so) run on LibTorch's brgemm
+// (oneDNN's ukernel, AVX-512) instead of BLAS's sgemm: measured on Zen 4 at the bench config's
+// piece shapes on one thread, 1.1-1.3x MKL's sgemm. Checked once on a small known product;
+// PRAXIS_FLOAT32_BRGEMM=0, read once, turns it off for A/B runs. Thread-safe.
+bool HasFloat32Brgemm();
+
 // One SwiGLU expert over a piece of token rows on a GEMM of ours, without a LibTorch op: a piece
 // of the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products.
 // The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
@@ -233,10 +240,10 @@ bool Float32PiecesOnBlas();
 // takes, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm, with the weights
 // PackForBrgemm packed): silu(gate) · up is computed in float32 from the first product's sums and
 // rounded to bf16 once, as the second's operand (LibTorch's path rounds each product and the
-// gate). float32
-// (where Float32PiecesOnBlas; libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul calls):
-// the hidden rows stay in the products' buffer. Both products recorded as "praxis::brgemm" or
-// "praxis::sgemm" (inputs x, w). Writes out's rows [out_first, out_first + count) (float32, or
+// gate). float32 (where Float32PiecesOnBlas; on oneDNN's brgemm where HasFloat32Brgemm and the
+// weight's rows are [K, N], else libtorch_cpu's sgemm_, MKL's, which LibTorch's float matmul
+// calls): the hidden rows stay in the products' buffer. Both products recorded as "praxis::brgemm"
+// or "praxis::sgemm" (inputs x, w). Writes out's rows [out_first, out_first + count) (float32, or
 // bf16 for bf16 x; [M, dim], unit-stride rows) and returns true; returns false, writing nothing,
 // where it does not take the piece (bf16 weights not packed, other forms or dtypes). Called
 // inside a parallel region, runs on the calling thread alone (MKL's nested threading is off

@@ -1075,6 +1075,13 @@ TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 10, 33), want0), 1e-5 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 10).abs().max().item<float>(), 0.0f);
   EXPECT_EQ(dense.narrow(0, 43, 257).abs().max().item<float>(), 0.0f);
+  // The same Linear weights laid out column-major, as VideoBackbone::Create lays a float32
+  // model's out where HasFloat32Brgemm (their [K, N] rows on brgemm; else on sgemm).
+  auto column_major = [](const torch::Tensor& w) { return w.t().contiguous().t(); };
+  torch::Tensor by_columns = torch::zeros({300, dim});
+  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 10, 33, column_major(gu0[0].t()), column_major(gu0[1].t()),
+                                   column_major(down[0].t()), by_columns));
+  EXPECT_LE(MaxAbsDiff(by_columns, dense), 1e-5 * want0.abs().max().item<double>());
 
   // One row, read as a row whatever its stride, into one row of out.
   const torch::Tensor one = x.narrow(0, 10, 1).as_strided({1, dim}, {1, 1});
