@@ -74,6 +74,32 @@ torch::ScalarType VideoBackbone::compute_dtype() const {
   return w_->enc.tower.registers.scalar_type();
 }
 
+namespace {
+
+// A float32 CPU model's Linear weights [N, K] laid out as their transposes' rows (the same
+// tensors, column-major), in place of the originals, not beside them: oneDNN's float32 brgemm,
+// which runs its Linears (cpu::Float32Linear) and dense SwiGLU pieces (cpu::SwiGluPieceInto),
+// reads no transposed weight. LibTorch's linear reads either layout.
+void LayOutLinearsForBrgemm(BackboneWeights& w) {
+  const auto lay_out = [](torch::Tensor& t) { t = t.t().contiguous().t(); };
+  for (torch::Tensor* t : {&w.enc.text_fc1_w, &w.enc.text_fc2_w, &w.enc.enc_out_w, &w.dec.out_w}) {
+    lay_out(*t);
+  }
+  for (TowerWeights* tower : {&w.enc.tower, &w.dec.tower}) {
+    lay_out(tower->t_proj_w);
+    lay_out(tower->video_in_w);
+    for (BlockWeights& b : tower->blocks) {
+      for (torch::Tensor* t : {&b.qkvg_w, &b.out_w}) lay_out(*t);
+      if (b.mod_w.defined()) lay_out(b.mod_w);
+      if (!b.moe) {
+        for (torch::Tensor* t : {&b.ffn_a, &b.ffn_b, &b.ffn_down}) lay_out(*t);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     const BackboneConfig& config, const TensorMap& weights, const BackboneOptions& options) {
   try {
@@ -127,15 +153,7 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
       (void)cpu::PackForBrgemm(swiglu);
     } else if (options.device.is_cpu() && w->enc.tower.registers.scalar_type() == torch::kFloat32 &&
                cpu::HasFloat32Brgemm()) {
-      // A float32 model's dense SwiGLU pieces run on oneDNN's brgemm, which reads no transposed
-      // weight: each Linear weight [N, K] is laid out as its transpose's rows (the same tensor,
-      // column-major; LibTorch's linear reads either), in place of the original, not beside it.
-      for (TowerWeights* tower : {&w->enc.tower, &w->dec.tower}) {
-        for (BlockWeights& b : tower->blocks) {
-          if (b.moe) continue;
-          for (torch::Tensor* t : {&b.ffn_a, &b.ffn_b, &b.ffn_down}) *t = t->t().contiguous().t();
-        }
-      }
+      LayOutLinearsForBrgemm(*w);
     }
     return std::unique_ptr<VideoBackbone>(
         new VideoBackbone(config, options, std::move(w), std::move(hold)));

@@ -2327,6 +2327,90 @@ bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first,
                       out_first);
 }
 
+namespace {
+
+// x's rows as Float32Linear reads them: `batches` runs of `rows` rows, rows `row_stride` apart
+// and runs `batch_stride` apart (elements; the last dimension unit-stride).
+struct RowRuns {
+  int64_t batches = 1, rows = 1, batch_stride = 0, row_stride = 0;
+};
+
+// x's leading dimensions (size-1 ones skipped) folded into runs of rows: the innermost and those
+// that continue its stride into rows, the rest into runs where they fold into one stride; nullopt
+// where they do not (or rows overlap, as an expanded tensor's).
+std::optional<RowRuns> RowRunsOf(const torch::Tensor& x) {
+  const int64_t k = x.size(-1);
+  if (x.dim() < 2 || (x.stride(-1) != 1 && k > 1)) return std::nullopt;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (size, stride), outermost first
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+    if (x.size(d) != 1) dims.emplace_back(x.size(d), x.stride(d));
+  }
+  RowRuns r{.row_stride = k};
+  if (dims.empty()) return r;
+  r.rows = dims.back().first;
+  r.row_stride = dims.back().second;
+  dims.pop_back();
+  while (!dims.empty() && dims.back().second == r.row_stride * r.rows) {
+    r.rows *= dims.back().first;
+    dims.pop_back();
+  }
+  if (!dims.empty()) {
+    r.batches = dims.back().first;
+    r.batch_stride = dims.back().second;
+    dims.pop_back();
+    while (!dims.empty() && dims.back().second == r.batch_stride * r.batches) {
+      r.batches *= dims.back().first;
+      dims.pop_back();
+    }
+  }
+  if (!dims.empty() || r.row_stride < k) return std::nullopt;
+  return r;
+}
+
+// Rows of a Float32Linear task: the intra-op threads take tasks from a shared counter, so that a
+// thread held up elsewhere on these 2 shared cores leaves the rest of the product to the other.
+constexpr int64_t kLinearTaskRows = 64;
+
+}  // namespace
+
+torch::Tensor Float32Linear(const torch::Tensor& x, const torch::Tensor& w,
+                            const torch::Tensor& b) {
+  if (!CpuBlasOperand<float>(x) || !HasFloat32Brgemm()) return {};
+  const std::optional<BlasWeight<float>> wt = BlasOperand<float>(w, -1, /*linear=*/true);
+  const std::optional<RowRuns> runs = RowRunsOf(x);
+  if (!wt.has_value() || wt->layout.transposed || !runs.has_value() || wt->k != x.size(-1) ||
+      (b.defined() &&
+       (!CpuBlasOperand<float>(b) || b.dim() != 1 || b.size(0) != wt->n || b.stride(0) != 1))) {
+    return {};
+  }
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = wt->n;
+  torch::Tensor y = torch::empty(sizes, x.options());
+  const int64_t n = wt->n, k = wt->k, rows = runs->rows, m = runs->batches * rows;
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return b.defined() ? y.copy_(b.expand_as(y)) : y.zero_();
+  const float* xp = x.const_data_ptr<float>();
+  const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  float* yp = y.mutable_data_ptr<float>();
+  RunTasks((m + kLinearTaskRows - 1) / kLinearTaskRows, [&](int64_t task) {
+    const int64_t end = std::min(m, (task + 1) * kLinearTaskRows);
+    for (int64_t g = task * kLinearTaskRows; g < end;) {
+      const int64_t r = g % rows;
+      const int64_t count = std::min({kPieceBrgemmRows, rows - r, end - g});
+      const float* a = xp + g / rows * runs->batch_stride + r * runs->row_stride;
+      float* c = yp + g * n;
+      // The bias as C's rows, which the product adds onto (add_C), as addmm's beta does.
+      for (int64_t i = 0; bp != nullptr && i < count; ++i)
+        std::memcpy(c + i * n, bp, n * sizeof(float));
+      RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, count, runs->row_stride, *wt));
+      at::native::cpublas::brgemm(count, n, k, runs->row_stride, wt->layout.ld, n,
+                                  /*add_C=*/bp != nullptr, a, wt->data, c, /*is_vnni=*/false);
+      g += count;
+    }
+  });
+  return y;
+}
+
 bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,
                      const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out) {
   return GatedIntoOfX(x, nullptr, first, count, {a, b}, down, -1, /*linear=*/true, out, first);

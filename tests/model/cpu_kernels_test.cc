@@ -1026,6 +1026,52 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
 // float32 products within float32 rounding, straight into out's rows (of any row stride), and
 // nothing else written, whatever the operands' leading dimensions; refused untouched where it
 // cannot take them.
+// cpu::Float32Linear against LibTorch's linear, on every row layout it reads in place: rows in
+// runs that cross its tasks' and brgemm calls' bounds, with and without a bias; refused (nothing
+// returned) for layouts and dtypes it does not take.
+TEST(Float32LinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
+  torch::manual_seed(17);
+  const int64_t k = 40, n = 24;
+  const torch::Tensor w = torch::randn({n, k}) / 4, bias = torch::randn({n});
+  const torch::Tensor by_columns = w.t().contiguous().t();  // VideoBackbone::Create's layout
+  const torch::Tensor base = torch::randn({3, 90, k + 8});
+  const std::vector<torch::Tensor> inputs = {
+      base.narrow(2, 0, k).narrow(1, 0, 1).squeeze(1),  // 3 rows of a longer stride
+      base.narrow(2, 0, k).narrow(1, 5, 77),            // runs of 77 rows, 3 runs
+      base.view({3, 9, 10, k + 8}).narrow(3, 0, k),     // two dimensions of rows
+      torch::randn({1, 1, k}),                          // one row
+      torch::randn({200, k}),                           // 4 tasks, one of 8 rows
+      torch::randn({4, 5, k}).transpose(0, 1),          // runs of 4 rows 5k apart, k apart
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (const torch::Tensor& b : {bias, torch::Tensor()}) {
+      const torch::Tensor got = cpu::Float32Linear(inputs[i], by_columns, b);
+      if (!cpu::HasFloat32Brgemm()) {
+        EXPECT_FALSE(got.defined());
+        continue;
+      }
+      ASSERT_TRUE(got.defined()) << "input " << i;
+      const torch::Tensor want = torch::linear(inputs[i], w, b);
+      EXPECT_EQ(got.sizes(), want.sizes());
+      EXPECT_TRUE(got.is_contiguous());
+      EXPECT_LE(MaxAbsDiff(got, want), 1e-5 * want.abs().max().item<double>()) << "input " << i;
+    }
+  }
+  // Refused: a weight laid out as its own rows (read transposed), rows that do not fold into runs
+  // of one stride (two batch dimensions out of order), rows that overlap (expanded), bf16, a bias
+  // of another size.
+  const torch::Tensor x = torch::randn({6, k});
+  EXPECT_FALSE(cpu::Float32Linear(x, w, bias).defined());
+  EXPECT_FALSE(cpu::Float32Linear(torch::randn({k, 6}).t(), by_columns, bias).defined());
+  EXPECT_FALSE(
+      cpu::Float32Linear(torch::randn({2, 3, 4, k}).permute({1, 0, 2, 3}), by_columns, bias)
+          .defined());
+  EXPECT_FALSE(cpu::Float32Linear(x.narrow(0, 0, 1).expand({4, k}), by_columns, bias).defined());
+  EXPECT_FALSE(
+      cpu::Float32Linear(x.to(torch::kBFloat16), by_columns.to(torch::kBFloat16), {}).defined());
+  EXPECT_FALSE(cpu::Float32Linear(x, by_columns, torch::randn({n + 1})).defined());
+}
+
 TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   torch::manual_seed(16);
   const int64_t dim = 24, inner = 40, experts = 2;
