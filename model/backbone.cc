@@ -1,6 +1,7 @@
 #include "model/backbone.h"
 
 #include <exception>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -76,21 +77,32 @@ torch::ScalarType VideoBackbone::compute_dtype() const {
 
 namespace {
 
-// A float32 CPU model's Linear weights [N, K] laid out as their transposes' rows (the same
-// tensors, column-major), in place of the originals, not beside them: oneDNN's float32 brgemm,
-// which runs its Linears (cpu::Float32Linear) and dense SwiGLU pieces (cpu::SwiGluPieceInto),
-// reads no transposed weight. LibTorch's linear reads either layout.
-void LayOutLinearsForBrgemm(BackboneWeights& w) {
-  const auto lay_out = [](torch::Tensor& t) { t = t.t().contiguous().t(); };
+// Calls f on every Linear weight [N, K] of w that the CPU runs through Linear (model/layers.h):
+// the projections, not the dense SwiGLU layers' weights (their pieces read them).
+void ForEachLinear(BackboneWeights& w, const std::function<void(torch::Tensor&)>& f) {
   for (torch::Tensor* t : {&w.enc.text_fc1_w, &w.enc.text_fc2_w, &w.enc.enc_out_w, &w.dec.out_w}) {
-    lay_out(*t);
+    f(*t);
   }
   for (TowerWeights* tower : {&w.enc.tower, &w.dec.tower}) {
-    lay_out(tower->t_proj_w);
-    lay_out(tower->video_in_w);
+    f(tower->t_proj_w);
+    f(tower->video_in_w);
     for (BlockWeights& b : tower->blocks) {
-      for (torch::Tensor* t : {&b.qkvg_w, &b.out_w}) lay_out(*t);
-      if (b.mod_w.defined()) lay_out(b.mod_w);
+      f(b.qkvg_w);
+      f(b.out_w);
+      if (b.mod_w.defined()) f(b.mod_w);
+    }
+  }
+}
+
+// A float32 CPU model's Linear weights [N, K], and its dense SwiGLU layers', laid out as their
+// transposes' rows (the same tensors, column-major), in place of the originals, not beside them:
+// oneDNN's float32 brgemm, which runs its Linears (cpu::BrgemmLinear) and dense SwiGLU pieces
+// (cpu::SwiGluPieceInto), reads no transposed weight. LibTorch's linear reads either layout.
+void LayOutLinearsForBrgemm(BackboneWeights& w) {
+  const auto lay_out = [](torch::Tensor& t) { t = t.t().contiguous().t(); };
+  ForEachLinear(w, lay_out);
+  for (TowerWeights* tower : {&w.enc.tower, &w.dec.tower}) {
+    for (BlockWeights& b : tower->blocks) {
       if (!b.moe) {
         for (torch::Tensor* t : {&b.ffn_a, &b.ffn_b, &b.ffn_down}) lay_out(*t);
       }
@@ -151,6 +163,9 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
         }
       }
       (void)cpu::PackForBrgemm(swiglu);
+      // Its Linears too (cpu::BrgemmLinear), each on its own: one with an odd K (which the VNNI
+      // layout cannot take) or over the budget stays on LibTorch's.
+      ForEachLinear(*w, [](torch::Tensor& t) { (void)cpu::PackForBrgemm({{t, true}}); });
     } else if (options.device.is_cpu() && w->enc.tower.registers.scalar_type() == torch::kFloat32 &&
                cpu::HasFloat32Brgemm()) {
       LayOutLinearsForBrgemm(*w);

@@ -2329,7 +2329,7 @@ bool ExpertPieceInto(const torch::Tensor& x, const int64_t* rows, int64_t first,
 
 namespace {
 
-// x's rows as Float32Linear reads them: `batches` runs of `rows` rows, rows `row_stride` apart
+// x's rows as BrgemmLinear reads them: `batches` runs of `rows` rows, rows `row_stride` apart
 // and runs `batch_stride` apart (elements; the last dimension unit-stride).
 struct RowRuns {
   int64_t batches = 1, rows = 1, batch_stride = 0, row_stride = 0;
@@ -2367,48 +2367,96 @@ std::optional<RowRuns> RowRunsOf(const torch::Tensor& x) {
   return r;
 }
 
-// Rows of a Float32Linear task: the intra-op threads take tasks from a shared counter, so that a
+// Rows of a BrgemmLinear task: the intra-op threads take tasks from a shared counter, so that a
 // thread held up elsewhere on these 2 shared cores leaves the rest of the product to the other.
 constexpr int64_t kLinearTaskRows = 64;
 
 }  // namespace
 
-torch::Tensor Float32Linear(const torch::Tensor& x, const torch::Tensor& w,
-                            const torch::Tensor& b) {
-  if (!CpuBlasOperand<float>(x) || !HasFloat32Brgemm()) return {};
-  const std::optional<BlasWeight<float>> wt = BlasOperand<float>(w, -1, /*linear=*/true);
+namespace {
+
+// BrgemmLinear in T (float, or bf16 bits over the weight's packed copy); the checks are
+// BrgemmLinear's (docs there).
+template <typename T>
+torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
+                             const torch::Tensor& b) {
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  if (!CpuBlasOperand<T>(x) || !(kBf16 ? HasBf16Brgemm() : HasFloat32Brgemm())) return {};
+  std::optional<BlasWeight<T>> wt = BlasOperand<T>(w, -1, /*linear=*/true);
   const std::optional<RowRuns> runs = RowRunsOf(x);
-  if (!wt.has_value() || wt->layout.transposed || !runs.has_value() || wt->k != x.size(-1) ||
+  if (!wt.has_value() || !runs.has_value() || wt->k != x.size(-1) ||
       (b.defined() &&
-       (!CpuBlasOperand<float>(b) || b.dim() != 1 || b.size(0) != wt->n || b.stride(0) != 1))) {
+       (!CpuBlasOperand<T>(b) || b.dim() != 1 || b.size(0) != wt->n || b.stride(0) != 1))) {
+    return {};
+  }
+  torch::Tensor pack;  // a bf16 weight's packed copy (PackForBrgemm's, made at load), alive here
+  if constexpr (kBf16) {
+    pack = WeightCopies::Get().Find(w.transpose(-1, -2), CopyForm::kBrgemm);
+    if (!pack.defined()) return {};
+    wt->packed = pack.const_data_ptr<at::BFloat16>();
+  } else if (wt->layout.transposed) {
     return {};
   }
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
   sizes.back() = wt->n;
   torch::Tensor y = torch::empty(sizes, x.options());
   const int64_t n = wt->n, k = wt->k, rows = runs->rows, m = runs->batches * rows;
-  if (m == 0 || n == 0) return y;
-  if (k == 0) return b.defined() ? y.copy_(b.expand_as(y)) : y.zero_();
-  const float* xp = x.const_data_ptr<float>();
-  const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
-  float* yp = y.mutable_data_ptr<float>();
+  if (m == 0 || n == 0 || k == 0) return {};
+  const T* xp = BlasData<T>(x);
+  const T* bp = b.defined() ? BlasData<T>(b) : nullptr;
+  T* yp = const_cast<T*>(BlasData<T>(y));
   RunTasks((m + kLinearTaskRows - 1) / kLinearTaskRows, [&](int64_t task) {
+    // A bf16 product's float32 sums, rounded once into y's rows.
+    thread_local std::vector<float> sums;
+    if constexpr (kBf16) sums.resize(static_cast<size_t>(kPieceBrgemmRows * n));
     const int64_t end = std::min(m, (task + 1) * kLinearTaskRows);
     for (int64_t g = task * kLinearTaskRows; g < end;) {
       const int64_t r = g % rows;
       const int64_t count = std::min({kPieceBrgemmRows, rows - r, end - g});
-      const float* a = xp + g / rows * runs->batch_stride + r * runs->row_stride;
-      float* c = yp + g * n;
+      const T* a = xp + g / rows * runs->batch_stride + r * runs->row_stride;
+      float* c = nullptr;
+      if constexpr (kBf16) {
+        c = sums.data();
+      } else {
+        c = yp + g * n;
+      }
       // The bias as C's rows, which the product adds onto (add_C), as addmm's beta does.
-      for (int64_t i = 0; bp != nullptr && i < count; ++i)
-        std::memcpy(c + i * n, bp, n * sizeof(float));
+      for (int64_t i = 0; bp != nullptr && i < count; ++i) {
+        if constexpr (kBf16) {
+          Load(reinterpret_cast<const c10::BFloat16*>(bp), c + i * n, n);
+        } else {
+          Load(bp, c + i * n, n);
+        }
+      }
       RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, count, runs->row_stride, *wt));
-      at::native::cpublas::brgemm(count, n, k, runs->row_stride, wt->layout.ld, n,
-                                  /*add_C=*/bp != nullptr, a, wt->data, c, /*is_vnni=*/false);
+#if defined(PRAXIS_X86_SIMD)
+      if constexpr (kBf16) {
+        at::native::cpublas::brgemm(count, n, k, runs->row_stride, n, n, /*add_C=*/bp != nullptr,
+                                    reinterpret_cast<const at::BFloat16*>(a), wt->packed, c);
+        for (int64_t i = 0; i < count; ++i) {
+          Store(c + i * n, reinterpret_cast<c10::BFloat16*>(yp) + (g + i) * n, n);
+        }
+      } else {
+        at::native::cpublas::brgemm(count, n, k, runs->row_stride, wt->layout.ld, n,
+                                    /*add_C=*/bp != nullptr, a, wt->data, c, /*is_vnni=*/false);
+      }
+#endif
       g += count;
     }
+#if defined(PRAXIS_X86_SIMD)
+    // Give the tile configuration back: LibTorch's kernels assume theirs is still loaded.
+    if constexpr (kBf16) at::native::cpublas::brgemm_release();
+#endif
   });
   return y;
+}
+
+}  // namespace
+
+torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  if (x.scalar_type() == torch::kFloat32) return LinearOnBrgemm<float>(x, w, b);
+  if (x.scalar_type() == torch::kBFloat16) return LinearOnBrgemm<uint16_t>(x, w, b);
+  return {};
 }
 
 bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,

@@ -232,16 +232,18 @@ bool Float32PiecesOnBlas();
 // PRAXIS_FLOAT32_BRGEMM=0, read once, turns it off for A/B runs. Thread-safe.
 bool HasFloat32Brgemm();
 
-// x · wᵀ + b (b optional) for a float32 Linear on oneDNN's float32 brgemm, its rows cut into
-// tasks the intra-op threads take (RunTasks): where HasFloat32Brgemm and w [N, K] is laid out
-// column-major (its transpose's [K, N] rows, as VideoBackbone::Create lays a float32 model's
-// Linear weights out there). x: float32 [..., K] whose rows fold into runs of one stride each
-// (a permuted or narrowed view read in place). On Zen 4 MKL's two-thread GEMM ran the bench
-// config's projections ([1824, 128]·[128, 258]) at ~50 GFLOP/s a thread, brgemm's pieces at
-// ~110. Returns a contiguous [..., N]; undefined where it does not take the product (another
-// dtype or layout). Thread-safe.
-torch::Tensor Float32Linear(const torch::Tensor& x, const torch::Tensor& w,
-                            const torch::Tensor& b = {});
+// x · wᵀ + b (b optional) for a Linear on oneDNN's brgemm, its rows cut into tasks the intra-op
+// threads take (RunTasks), read in place where they fold into runs of one stride (a narrowed or
+// batched view; x [..., K], unit-stride rows). float32 where HasFloat32Brgemm and w [N, K] is
+// laid out column-major (its transpose's [K, N] rows, as VideoBackbone::Create lays a float32
+// model's Linear weights out there); bf16 where HasBf16Brgemm over w's packed copy
+// (PackForBrgemm's, made at load), the float32 sums (bias included) rounded once. On Zen 4
+// LibTorch's float32 linear (MKL's two-thread GEMM) ran the bench config's projections
+// ([1824, 128]·[128, 258]) at ~50 GFLOP/s a thread, brgemm at ~110. Returns a contiguous
+// [..., N] of x's dtype; undefined where it does not take the product (another dtype or layout,
+// an unpacked bf16 weight). Thread-safe.
+torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w,
+                           const torch::Tensor& b = {});
 
 // One SwiGLU expert over a piece of token rows on a GEMM of ours, without a LibTorch op: a piece
 // of the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products.

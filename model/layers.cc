@@ -55,13 +55,15 @@ torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w,
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
   if (GemmInFloat32(x, w)) return cpu::MatmulViaFloat32(x, w.t(), b);
   const torch::Tensor xd = x.to(w.scalar_type());
-  // In bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
+  // On oneDNN's brgemm where the weight is laid out (float32) or packed (bf16) for it, its rows
+  // read in place (cpu::BrgemmLinear).
+  if (torch::Tensor y = cpu::BrgemmLinear(xd, w, b); y.defined()) return y;
+  // Else in bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
   // three dimensions, contiguous, and sends the rest (video tokens as a permuted view, a narrowed
   // run of tokens, 5-D modulation inputs) through matmul, which copied strided ones to contiguous
   // anyway and then added the bias in a separate pass; a small bf16 one on MKL's GEMM. Float32
-  // runs on oneDNN's brgemm where its weights are laid out for it (cpu::Float32Linear, rows read
-  // in place), else stays with at::linear: MKL's batched GEMM reads a strided input in place
-  // (copying it first cost ~3 % of a bench small B8 step).
+  // stays with at::linear: MKL's batched GEMM reads a strided input in place (copying it first
+  // cost ~3 % of a bench small B8 step).
   if (xd.scalar_type() != torch::kFloat32) {
     std::vector<int64_t> shape(xd.sizes().begin(), xd.sizes().end());
     shape.back() = w.size(0);
@@ -69,7 +71,6 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
     if (torch::Tensor y = cpu::SmallBf16Matmul(rows, w.t(), b); y.defined()) return y.view(shape);
     return torch::linear(rows, w, b).view(shape);
   }
-  if (torch::Tensor y = cpu::Float32Linear(xd, w, b); y.defined()) return y;
   return torch::linear(xd, w, b);
 }
 

@@ -1026,10 +1026,10 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
 // float32 products within float32 rounding, straight into out's rows (of any row stride), and
 // nothing else written, whatever the operands' leading dimensions; refused untouched where it
 // cannot take them.
-// cpu::Float32Linear against LibTorch's linear, on every row layout it reads in place: rows in
+// cpu::BrgemmLinear against LibTorch's linear, on every row layout it reads in place: rows in
 // runs that cross its tasks' and brgemm calls' bounds, with and without a bias; refused (nothing
 // returned) for layouts and dtypes it does not take.
-TEST(Float32LinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
+TEST(BrgemmLinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
   torch::manual_seed(17);
   const int64_t k = 40, n = 24;
   const torch::Tensor w = torch::randn({n, k}) / 4, bias = torch::randn({n});
@@ -1045,7 +1045,7 @@ TEST(Float32LinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
   };
   for (size_t i = 0; i < inputs.size(); ++i) {
     for (const torch::Tensor& b : {bias, torch::Tensor()}) {
-      const torch::Tensor got = cpu::Float32Linear(inputs[i], by_columns, b);
+      const torch::Tensor got = cpu::BrgemmLinear(inputs[i], by_columns, b);
       if (!cpu::HasFloat32Brgemm()) {
         EXPECT_FALSE(got.defined());
         continue;
@@ -1061,15 +1061,34 @@ TEST(Float32LinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
   // of one stride (two batch dimensions out of order), rows that overlap (expanded), bf16, a bias
   // of another size.
   const torch::Tensor x = torch::randn({6, k});
-  EXPECT_FALSE(cpu::Float32Linear(x, w, bias).defined());
-  EXPECT_FALSE(cpu::Float32Linear(torch::randn({k, 6}).t(), by_columns, bias).defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(x, w, bias).defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(torch::randn({k, 6}).t(), by_columns, bias).defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(torch::randn({2, 3, 4, k}).permute({1, 0, 2, 3}), by_columns, bias)
+                   .defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(x.narrow(0, 0, 1).expand({4, k}), by_columns, bias).defined());
   EXPECT_FALSE(
-      cpu::Float32Linear(torch::randn({2, 3, 4, k}).permute({1, 0, 2, 3}), by_columns, bias)
-          .defined());
-  EXPECT_FALSE(cpu::Float32Linear(x.narrow(0, 0, 1).expand({4, k}), by_columns, bias).defined());
-  EXPECT_FALSE(
-      cpu::Float32Linear(x.to(torch::kBFloat16), by_columns.to(torch::kBFloat16), {}).defined());
-  EXPECT_FALSE(cpu::Float32Linear(x, by_columns, torch::randn({n + 1})).defined());
+      cpu::BrgemmLinear(x.to(torch::kBFloat16), by_columns.to(torch::kBFloat16), {}).defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(x, by_columns, torch::randn({n + 1})).defined());
+
+  // bf16 over the weight's packed copy (made first, as at load): the float32 product of the bf16
+  // values, bias included, rounded once; the same row layouts.
+  const torch::Tensor w16 = w.to(torch::kBFloat16), b16 = bias.to(torch::kBFloat16);
+  if (!cpu::HasBf16Brgemm()) {
+    EXPECT_FALSE(cpu::PackForBrgemm({{w16, true}}));
+    return;
+  }
+  ASSERT_TRUE(cpu::PackForBrgemm({{w16, true}}));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const torch::Tensor x16 = inputs[i].to(torch::kBFloat16);
+    const torch::Tensor got = cpu::BrgemmLinear(x16, w16, b16);
+    ASSERT_TRUE(got.defined()) << "input " << i;
+    EXPECT_EQ(got.scalar_type(), torch::kBFloat16);
+    const torch::Tensor want =
+        torch::linear(x16.to(torch::kFloat32), w16.to(torch::kFloat32), b16.to(torch::kFloat32));
+    // One rounding to bf16 (8 significant bits) of sums of exact products.
+    EXPECT_LE(MaxAbsDiff(got.to(torch::kFloat32), want), 1e-2 * want.abs().max().item<double>())
+        << "input " << i;
+  }
 }
 
 TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
