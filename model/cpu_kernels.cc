@@ -2345,24 +2345,20 @@ std::optional<RowRuns> RowRunsOf(const torch::Tensor& x) {
   for (int64_t d = 0; d + 1 < x.dim(); ++d) {
     if (x.size(d) != 1) dims.emplace_back(x.size(d), x.stride(d));
   }
-  RowRuns r{.row_stride = k};
-  if (dims.empty()) return r;
-  r.rows = dims.back().first;
-  r.row_stride = dims.back().second;
-  dims.pop_back();
-  while (!dims.empty() && dims.back().second == r.row_stride * r.rows) {
-    r.rows *= dims.back().first;
+  // The innermost dimension left as a count and stride, with the dimensions outside it that
+  // continue that stride folded into the count.
+  const auto fold = [&dims](int64_t& count, int64_t& stride) {
+    if (dims.empty()) return;
+    std::tie(count, stride) = dims.back();
     dims.pop_back();
-  }
-  if (!dims.empty()) {
-    r.batches = dims.back().first;
-    r.batch_stride = dims.back().second;
-    dims.pop_back();
-    while (!dims.empty() && dims.back().second == r.batch_stride * r.batches) {
-      r.batches *= dims.back().first;
+    while (!dims.empty() && dims.back().second == stride * count) {
+      count *= dims.back().first;
       dims.pop_back();
     }
-  }
+  };
+  RowRuns r{.row_stride = k};
+  fold(r.rows, r.row_stride);
+  fold(r.batches, r.batch_stride);
   if (!dims.empty() || r.row_stride < k) return std::nullopt;
   return r;
 }
