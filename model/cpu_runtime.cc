@@ -119,6 +119,7 @@ CpuIsa DetectCpuIsa() {
   isa.model = std::string(absl::StripAsciiWhitespace(brand));
 #endif
   isa.bf16_brgemm = cpu::HasBf16Brgemm();
+  isa.float32_brgemm = cpu::HasFloat32Brgemm();
   return isa;
 }
 
@@ -182,7 +183,8 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
   std::string implies;
   *slow = false;
   if (dtype == torch::kFloat32) {
-    implies = "float32";
+    implies = isa.float32_brgemm ? "float32, its Linears and SwiGLU layers on oneDNN's brgemm"
+                                 : "float32";
   } else if (!HasUnitsFor(isa, dtype)) {
     if (path == Float32Path::kModel) {
       implies = absl::StrCat(name, " has no hardware path here: ", in_float32);
@@ -217,7 +219,11 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
         isa.bf16_brgemm
             ? absl::StrCat(", attention too at head dims from ", cpu::kBf16BrgemmMinHeadDim)
             : "; attention runs float32 FMAs here (LibTorch's brgemm takes no bfloat16 here)");
-    if (small_gemm_speedup > 0) {
+    // Where brgemm takes bf16, the Linears and SwiGLU layers run on it (cpu::BrgemmLinear,
+    // cpu::ExpertPieceInto), not on MKL's small GEMM.
+    if (isa.bf16_brgemm) {
+      implies += "; its Linears and SwiGLU layers on oneDNN's brgemm";
+    } else if (small_gemm_speedup > 0) {
       absl::StrAppendFormat(&implies, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
                             small_gemm_speedup);
     }

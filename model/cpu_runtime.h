@@ -90,6 +90,7 @@ struct CpuIsa {
   bool avx512_fp16 = false;  // fp16 arithmetic in AVX-512
   bool amx_fp16 = false;     // AMX tiles with fp16 (Granite Rapids)
   bool bf16_brgemm = false;  // LibTorch's brgemm takes bf16 here (cpu::HasBf16Brgemm)
+  bool float32_brgemm = false;  // and float32 on AVX-512 (cpu::HasFloat32Brgemm)
 };
 CpuIsa DetectCpuIsa();
 

@@ -728,9 +728,19 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
             std::string::npos)
       << zen4_bf16;
   EXPECT_FALSE(slow);
+  EXPECT_NE(zen4_bf16.find("; its Linears and SwiGLU layers on oneDNN's brgemm"), std::string::npos)
+      << zen4_bf16;
   zen4.bf16_brgemm = false;  // a LibTorch whose brgemm takes no bf16
   EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow)
                 .find("; attention runs float32 FMAs here"),
+            std::string::npos);
+  // Its small products then on MKL's bf16 GEMM where that is the faster.
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 2.5, Float32Path::kNone, &slow)
+                .find("; small products on MKL's bf16 GEMM (2.5x LibTorch's)"),
+            std::string::npos);
+  zen4.float32_brgemm = true;
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kFloat32, 1, 0, Float32Path::kNone, &slow)
+                .find("float32, its Linears and SwiGLU layers on oneDNN's brgemm"),
             std::string::npos);
   const CpuIsa spr{
       .model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true, .bf16_brgemm = true};
@@ -738,9 +748,9 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
                 .find("matmuls run on AMX tiles, attention too"),
             std::string::npos);
   EXPECT_FALSE(slow);
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, 2.5, Float32Path::kNone, &slow)
-                .find("; small products on MKL's bf16 GEMM (2.5x LibTorch's)"),
-            std::string::npos);
+  EXPECT_EQ(
+      DescribeCpuForDtype(spr, torch::kBFloat16, 0, 2.5, Float32Path::kNone, &slow).find("MKL"),
+      std::string::npos);  // brgemm takes its products
 }
 
 // The same units can be the slow choice: a Xeon whose AMX is not enabled keeps AVX512-BF16, where
