@@ -2088,30 +2088,30 @@ constexpr int64_t kPieceBrgemmRows = 32, kPieceBrgemmRowStep = 8;
 // op GemmRecord replays over the piece's own `rows` (m less its padding): bf16 on oneDNN's brgemm
 // over w.packed (m a multiple of kPieceBrgemmRowStep); float32 on oneDNN's brgemm where w's rows
 // are [K, N] (HasFloat32Brgemm; it reads no transposed B), else on BLAS's float GEMM
-// (column-major: cᵀ = wᵀ·aᵀ). Sizes known to fit an int.
+// (column-major: cᵀ = wᵀ·aᵀ). With `add_c`, the product is added onto c's rows (a bias there).
+// Sizes known to fit an int.
 void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
-                  const BlasWeight<uint16_t>& w, float* c, int64_t ldc) {
+                  const BlasWeight<uint16_t>& w, float* c, int64_t ldc, bool add_c = false) {
   RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
   TORCH_CHECK(w.packed != nullptr, "cpu::GatedProduct: a bf16 weight without its packed copy");
 #if defined(PRAXIS_X86_SIMD)
   const auto* ab = reinterpret_cast<const at::BFloat16*>(a);
   for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
-    at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.n, ldc,
-                                /*add_C=*/false, ab + r * lda, w.packed, c + r * ldc);
+    at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.n, ldc, add_c,
+                                ab + r * lda, w.packed, c + r * ldc);
   }
 #else
   TORCH_CHECK(false, "cpu::GatedProduct: bf16 pieces need x86's brgemm");
 #endif
 }
 void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const BlasWeight<float>& w,
-                  float* c, int64_t ldc) {
+                  float* c, int64_t ldc, bool add_c = false) {
 #if defined(PRAXIS_X86_SIMD)
   if (!w.layout.transposed && HasFloat32Brgemm()) {
     RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
     for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
       at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.layout.ld,
-                                  ldc, /*add_C=*/false, a + r * lda, w.data, c + r * ldc,
-                                  /*is_vnni=*/false);
+                                  ldc, add_c, a + r * lda, w.data, c + r * ldc, /*is_vnni=*/false);
     }
     return;
   }
@@ -2120,9 +2120,9 @@ void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const Bl
   const int n = static_cast<int>(w.n), mi = static_cast<int>(m), k = static_cast<int>(w.k);
   const int ldw = static_cast<int>(w.layout.ld), ldx = static_cast<int>(lda);
   const int ldy = static_cast<int>(ldc);
-  const float one = 1.0f, zero = 0.0f;
+  const float one = 1.0f, beta = add_c ? 1.0f : 0.0f;
   FindBlasSgemm()(w.layout.transposed ? "T" : "N", "N", &n, &mi, &k, &one, w.data, &ldw, a, &ldx,
-                  &zero, c, &ldy);
+                  &beta, c, &ldy);
 }
 
 // Bytes of scratch a thread keeps between pieces (GatedInto's buffers).
@@ -2367,10 +2367,6 @@ std::optional<RowRuns> RowRunsOf(const torch::Tensor& x) {
 // thread held up elsewhere on these 2 shared cores leaves the rest of the product to the other.
 constexpr int64_t kLinearTaskRows = 64;
 
-}  // namespace
-
-namespace {
-
 // BrgemmLinear in T (float, or bf16 bits over the weight's packed copy); the checks are
 // BrgemmLinear's (docs there).
 template <typename T>
@@ -2393,11 +2389,11 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
   } else if (wt->layout.transposed) {
     return {};
   }
+  const int64_t n = wt->n, rows = runs->rows, m = runs->batches * rows;
+  if (m == 0 || n == 0 || wt->k == 0) return {};
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = wt->n;
+  sizes.back() = n;
   torch::Tensor y = torch::empty(sizes, x.options());
-  const int64_t n = wt->n, k = wt->k, rows = runs->rows, m = runs->batches * rows;
-  if (m == 0 || n == 0 || k == 0) return {};
   const T* xp = BlasData<T>(x);
   const T* bp = b.defined() ? BlasData<T>(b) : nullptr;
   T* yp = const_cast<T*>(BlasData<T>(y));
@@ -2424,19 +2420,12 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
           Load(bp, c + i * n, n);
         }
       }
-      RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, count, runs->row_stride, *wt));
-#if defined(PRAXIS_X86_SIMD)
+      GatedProduct(a, count, count, runs->row_stride, *wt, c, n, /*add_c=*/bp != nullptr);
       if constexpr (kBf16) {
-        at::native::cpublas::brgemm(count, n, k, runs->row_stride, n, n, /*add_C=*/bp != nullptr,
-                                    reinterpret_cast<const at::BFloat16*>(a), wt->packed, c);
         for (int64_t i = 0; i < count; ++i) {
           Store(c + i * n, reinterpret_cast<c10::BFloat16*>(yp) + (g + i) * n, n);
         }
-      } else {
-        at::native::cpublas::brgemm(count, n, k, runs->row_stride, wt->layout.ld, n,
-                                    /*add_C=*/bp != nullptr, a, wt->data, c, /*is_vnni=*/false);
       }
-#endif
       g += count;
     }
 #if defined(PRAXIS_X86_SIMD)
