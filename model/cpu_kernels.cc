@@ -2134,17 +2134,20 @@ void ReleaseIfLarge(std::vector<T>& v) {
 }
 
 // silu(x·gate) · (x·up) · down for `count` rows of x (rows[i], or from `first`), into out's rows
-// from out_first; gate and up are `firsts` (one fused gate_up, or the two), down [inner, dim]; T
-// is x's and the weights' element (bf16 bits or float). The checks are ExpertPieceInto's (docs
-// there).
+// from out_first (added onto residual's same rows where it is defined); gate and up are `firsts`
+// (one fused gate_up, or the two), down [inner, dim]; T is x's and the weights' element (bf16 bits
+// or float). The checks are ExpertPieceInto's and SwiGluPieceInto's (docs there).
 template <typename T>
 bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                std::initializer_list<BlasWeight<T>> firsts, const BlasWeight<T>& down,
-               torch::Tensor& out, int64_t out_first) {
+               torch::Tensor& out, int64_t out_first, const torch::Tensor& residual) {
   constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
   if (!CpuBlasOperand<T>(x) || x.dim() != 2 || x.stride(1) != 1 || !out.is_cpu() ||
       out.dim() != 2 || out.stride(1) != 1 ||
-      (out.scalar_type() != torch::kFloat32 && out.scalar_type() != kBlasDtype<T>)) {
+      (out.scalar_type() != torch::kFloat32 && out.scalar_type() != kBlasDtype<T>) ||
+      (residual.defined() &&
+       (!residual.is_cpu() || residual.sizes() != out.sizes() || residual.stride(1) != 1 ||
+        residual.scalar_type() != out.scalar_type()))) {
     return false;
   }
   const int64_t dim = x.size(1), inner = down.k;
@@ -2223,14 +2226,30 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
   } else {
     h = c;
   }
+  // The residual's rows as the down product's C, which it adds onto.
+  const auto residual_into = [&](float* y, int64_t ldy) {
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t row = (out_first + r) * residual.stride(0);
+      if (residual.scalar_type() == torch::kFloat32) {
+        Load(residual.const_data_ptr<float>() + row, y + r * ldy, dim);
+      } else {
+        Load(residual.const_data_ptr<c10::BFloat16>() + row, y + r * ldy, dim);
+      }
+    }
+  };
   if (direct) {
-    GatedProduct(h, count, count, ldh, down,
-                 out.mutable_data_ptr<float>() + out_first * out.stride(0),
-                 count == 1 ? dim : out.stride(0));
+    const int64_t ldo = count == 1 ? dim : out.stride(0);
+    float* o = out.mutable_data_ptr<float>() + out_first * out.stride(0);
+    if (residual.defined()) residual_into(o, ldo);
+    GatedProduct(h, count, count, ldh, down, o, ldo, /*add_c=*/residual.defined());
     return true;
   }
   float* y = c + m * width;
-  GatedProduct(h, m, count, ldh, down, y, dim);
+  if (residual.defined()) {
+    residual_into(y, dim);
+    std::fill(y + count * dim, y + m * dim, 0.0f);  // padded rows: never stored
+  }
+  GatedProduct(h, m, count, ldh, down, y, dim, /*add_c=*/residual.defined());
   const auto store = [&](auto* o) {
     for (int64_t r = 0; r < count; ++r)
       Store(y + r * dim, o + (out_first + r) * out.stride(0), dim);
@@ -2248,7 +2267,8 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
 template <typename T>
 bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                  std::initializer_list<torch::Tensor> firsts, const torch::Tensor& down,
-                 int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
+                 int64_t expert, bool linear, torch::Tensor& out, int64_t out_first,
+                 const torch::Tensor& residual) {
   TORCH_CHECK(firsts.size() == 1 || firsts.size() == 2, "cpu::GatedIntoOf: 1 or 2 weights");
   std::array<BlasWeight<T>, 2> w{};
   std::array<torch::Tensor, 3> packs;  // the packed copies, alive through the call
@@ -2274,19 +2294,20 @@ bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int
   const std::optional<BlasWeight<T>> dn = operand(down);
   if (!dn.has_value()) return false;
   if (n == 2 && w[0].n != w[1].n) return false;
-  return n == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first)
-                : GatedInto<T>(x, rows, first, count, {w[0], w[1]}, *dn, out, out_first);
+  return n == 1 ? GatedInto<T>(x, rows, first, count, {w[0]}, *dn, out, out_first, residual)
+                : GatedInto<T>(x, rows, first, count, {w[0], w[1]}, *dn, out, out_first, residual);
 }
 
 // GatedIntoOf in x's dtype.
 bool GatedIntoOfX(const torch::Tensor& x, const int64_t* rows, int64_t first, int64_t count,
                   std::initializer_list<torch::Tensor> firsts, const torch::Tensor& down,
-                  int64_t expert, bool linear, torch::Tensor& out, int64_t out_first) {
+                  int64_t expert, bool linear, torch::Tensor& out, int64_t out_first,
+                  const torch::Tensor& residual = {}) {
   return x.scalar_type() == torch::kFloat32
              ? GatedIntoOf<float>(x, rows, first, count, firsts, down, expert, linear, out,
-                                  out_first)
+                                  out_first, residual)
              : GatedIntoOf<uint16_t>(x, rows, first, count, firsts, down, expert, linear, out,
-                                     out_first);
+                                     out_first, residual);
 }
 
 }  // namespace
@@ -2370,17 +2391,35 @@ constexpr int64_t kLinearTaskRows = 64;
 // BrgemmLinear in T (float, or bf16 bits over the weight's packed copy); the checks are
 // BrgemmLinear's (docs there).
 template <typename T>
-torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
-                             const torch::Tensor& b) {
+torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
+                             const torch::Tensor& b, const torch::Tensor& residual_in) {
   constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
-  if (!CpuBlasOperand<T>(x) || !(kBf16 ? HasBf16Brgemm() : HasFloat32Brgemm())) return {};
+  if (!CpuBlasOperand<T>(x_in) || x_in.dim() < 2 ||
+      !(kBf16 ? HasBf16Brgemm() : HasFloat32Brgemm())) {
+    return {};
+  }
   std::optional<BlasWeight<T>> wt = BlasOperand<T>(w, -1, /*linear=*/true);
-  const std::optional<RowRuns> runs = RowRunsOf(x);
-  if (!wt.has_value() || !runs.has_value() || wt->k != x.size(-1) ||
+  if (!wt.has_value() || wt->k != x_in.size(-1) ||
       (b.defined() &&
        (!CpuBlasOperand<T>(b) || b.dim() != 1 || b.size(0) != wt->n || b.stride(0) != 1))) {
     return {};
   }
+  std::vector<int64_t> sizes(x_in.sizes().begin(), x_in.sizes().end());
+  sizes.back() = wt->n;
+  if (residual_in.defined() &&
+      (!CpuBlasOperand<T>(residual_in) || residual_in.sizes() != c10::IntArrayRef(sizes))) {
+    return {};
+  }
+  // Operands whose rows do not fold into runs are read from a copy of them in rows.
+  const auto as_runs = [](const torch::Tensor& t) {
+    return RowRunsOf(t).has_value() ? t : t.contiguous();
+  };
+  const torch::Tensor x = as_runs(x_in);
+  const torch::Tensor residual = residual_in.defined() ? as_runs(residual_in) : residual_in;
+  const std::optional<RowRuns> runs = RowRunsOf(x);
+  const std::optional<RowRuns> rruns =
+      residual.defined() ? RowRunsOf(residual) : std::optional<RowRuns>(RowRuns{});
+  if (!runs.has_value() || !rruns.has_value()) return {};
   torch::Tensor pack;  // a bf16 weight's packed copy (PackForBrgemm's, made at load), alive here
   if constexpr (kBf16) {
     pack = WeightCopies::Get().Find(w.transpose(-1, -2), CopyForm::kBrgemm);
@@ -2391,12 +2430,20 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
   }
   const int64_t n = wt->n, rows = runs->rows, m = runs->batches * rows;
   if (m == 0 || n == 0 || wt->k == 0) return {};
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = n;
   torch::Tensor y = torch::empty(sizes, x.options());
   const T* xp = BlasData<T>(x);
-  const T* bp = b.defined() ? BlasData<T>(b) : nullptr;
+  const T* rp = residual.defined() ? BlasData<T>(residual) : nullptr;
   T* yp = const_cast<T*>(BlasData<T>(y));
+  std::vector<float> bias;  // b in float32, added onto each row's C
+  if (b.defined()) {
+    bias.resize(static_cast<size_t>(n));
+    if constexpr (kBf16) {
+      Load(reinterpret_cast<const c10::BFloat16*>(BlasData<T>(b)), bias.data(), n);
+    } else {
+      Load(BlasData<T>(b), bias.data(), n);
+    }
+  }
+  const bool add_c = rp != nullptr || b.defined();
   RunTasks((m + kLinearTaskRows - 1) / kLinearTaskRows, [&](int64_t task) {
     // A bf16 product's float32 sums, rounded once into y's rows.
     thread_local std::vector<float> sums;
@@ -2412,15 +2459,25 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
       } else {
         c = yp + g * n;
       }
-      // The bias as C's rows, which the product adds onto (add_C), as addmm's beta does.
-      for (int64_t i = 0; bp != nullptr && i < count; ++i) {
-        if constexpr (kBf16) {
-          Load(reinterpret_cast<const c10::BFloat16*>(bp), c + i * n, n);
-        } else {
-          Load(bp, c + i * n, n);
+      // The residual and the bias as C's rows, which the product adds onto (add_C), as addmm's
+      // beta does.
+      for (int64_t i = 0; add_c && i < count; ++i) {
+        float* ci = c + i * n;
+        if (rp == nullptr) {
+          std::copy(bias.begin(), bias.end(), ci);
+          continue;
         }
+        const int64_t row = g + i;
+        const T* ri =
+            rp + row / rruns->rows * rruns->batch_stride + row % rruns->rows * rruns->row_stride;
+        if constexpr (kBf16) {
+          Load(reinterpret_cast<const c10::BFloat16*>(ri), ci, n);
+        } else {
+          Load(ri, ci, n);
+        }
+        if (!bias.empty()) AxpyRow(ci, 1.0f, bias.data(), n);
       }
-      GatedProduct(a, count, count, runs->row_stride, *wt, c, n, /*add_c=*/bp != nullptr);
+      GatedProduct(a, count, count, runs->row_stride, *wt, c, n, add_c);
       if constexpr (kBf16) {
         for (int64_t i = 0; i < count; ++i) {
           Store(c + i * n, reinterpret_cast<c10::BFloat16*>(yp) + (g + i) * n, n);
@@ -2438,15 +2495,18 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x, const torch::Tensor& w,
 
 }  // namespace
 
-torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  if (x.scalar_type() == torch::kFloat32) return LinearOnBrgemm<float>(x, w, b);
-  if (x.scalar_type() == torch::kBFloat16) return LinearOnBrgemm<uint16_t>(x, w, b);
+torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           const torch::Tensor& residual) {
+  if (x.scalar_type() == torch::kFloat32) return LinearOnBrgemm<float>(x, w, b, residual);
+  if (x.scalar_type() == torch::kBFloat16) return LinearOnBrgemm<uint16_t>(x, w, b, residual);
   return {};
 }
 
 bool SwiGluPieceInto(const torch::Tensor& x, int64_t first, int64_t count, const torch::Tensor& a,
-                     const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out) {
-  return GatedIntoOfX(x, nullptr, first, count, {a, b}, down, -1, /*linear=*/true, out, first);
+                     const torch::Tensor& b, const torch::Tensor& down, torch::Tensor& out,
+                     const torch::Tensor& residual) {
+  return GatedIntoOfX(x, nullptr, first, count, {a, b}, down, -1, /*linear=*/true, out, first,
+                      residual);
 }
 
 void SetFloat32WeightBudget(int64_t bytes) { WeightCopies::Get().SetBudget(bytes); }

@@ -52,12 +52,16 @@ torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w,
 
 }  // namespace
 
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  if (GemmInFloat32(x, w)) return cpu::MatmulViaFloat32(x, w.t(), b);
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                     const torch::Tensor& residual) {
+  const auto plus_residual = [&residual](const torch::Tensor& y) {
+    return residual.defined() ? residual + y : y;
+  };
+  if (GemmInFloat32(x, w)) return plus_residual(cpu::MatmulViaFloat32(x, w.t(), b));
   const torch::Tensor xd = x.to(w.scalar_type());
   // On oneDNN's brgemm where the weight is laid out (float32) or packed (bf16) for it, its rows
   // read in place (cpu::BrgemmLinear).
-  if (torch::Tensor y = cpu::BrgemmLinear(xd, w, b); y.defined()) return y;
+  if (torch::Tensor y = cpu::BrgemmLinear(xd, w, b, residual); y.defined()) return y;
   // Else in bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
   // three dimensions, contiguous, and sends the rest (video tokens as a permuted view, a narrowed
   // run of tokens, 5-D modulation inputs) through matmul, which copied strided ones to contiguous
@@ -68,10 +72,12 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
     std::vector<int64_t> shape(xd.sizes().begin(), xd.sizes().end());
     shape.back() = w.size(0);
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
-    if (torch::Tensor y = cpu::SmallBf16Matmul(rows, w.t(), b); y.defined()) return y.view(shape);
-    return torch::linear(rows, w, b).view(shape);
+    if (torch::Tensor y = cpu::SmallBf16Matmul(rows, w.t(), b); y.defined()) {
+      return plus_residual(y.view(shape));
+    }
+    return plus_residual(torch::linear(rows, w, b).view(shape));
   }
-  return torch::linear(xd, w, b);
+  return plus_residual(torch::linear(xd, w, b));
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -158,7 +164,7 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 }  // namespace
 
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                     const torch::Tensor& down) {
+                     const torch::Tensor& down, const torch::Tensor& residual) {
   const torch::Tensor xd = x.to(a.scalar_type());
   // A layer runs as the experts do (a, b [inner, dim]: its gate and up product is 2·inner wide):
   // where they run on a GEMM of ours (float32 on BLAS's, bf16 on oneDNN's brgemm), without
@@ -169,19 +175,21 @@ torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch
     const int64_t threads = std::max<int64_t>(at::get_num_threads(), 1);
     const int64_t piece = std::clamp<int64_t>((tokens + threads - 1) / threads, 1, kMoePieceRows);
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
+    const torch::Tensor residual_rows =
+        residual.defined() ? residual.reshape({-1, residual.size(-1)}) : residual;
     torch::Tensor out = torch::empty(rows.sizes(), rows.options());
     const int64_t pieces = (rows.size(0) + piece - 1) / piece;
     std::vector<char> done(pieces, 0);
     cpu::RunTasks(pieces, [&](int64_t i) {
       const int64_t first = i * piece;
-      done[i] =
-          cpu::SwiGluPieceInto(rows, first, std::min(piece, rows.size(0) - first), a, b, down, out);
+      done[i] = cpu::SwiGluPieceInto(rows, first, std::min(piece, rows.size(0) - first), a, b, down,
+                                     out, residual_rows);
     });
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) {
       return out.view(xd.sizes());
     }
   }
-  return Linear(SiluMul(Linear(xd, a, {}), Linear(xd, b, {})), down, {});
+  return Linear(SiluMul(Linear(xd, a, {}), Linear(xd, b, {})), down, {}, residual);
 }
 
 namespace {

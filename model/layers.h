@@ -12,8 +12,11 @@ namespace praxis::model {
 inline constexpr int64_t kFrameStride = 129600;
 inline constexpr int64_t kRowStride = 360;
 
-// y = x·Wᵀ + b in the weight's dtype (x is cast to it); `b` may be undefined.
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
+// y = x·Wᵀ + b in the weight's dtype (x is cast to it); `b` may be undefined. With `residual`
+// (y's sizes, the weight's dtype), residual + y: on the CPU's brgemm added as the product's first
+// sums, no pass of its own.
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {},
+                     const torch::Tensor& residual = {});
 
 // Zero-centred RMS norm: x·rsqrt(mean(x²) + eps)·(1 + weight) in float32, returned in x's dtype.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
@@ -61,9 +64,10 @@ RopeTables MakeRopeTables(const torch::Tensor& positions, int64_t head_dim, doub
 // x·cos + rotate_half(x)·sin for x [B, T, heads, hd], in float32, returned in x's dtype.
 torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
 
-// Dense SwiGLU: down(silu(x·Waᵀ)·(x·Wbᵀ)), no biases.
+// Dense SwiGLU: down(silu(x·Waᵀ)·(x·Wbᵀ)), no biases; with `residual` (x's sizes and dtype),
+// residual + that, added as Linear adds one.
 torch::Tensor SwiGlu(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                     const torch::Tensor& down);
+                     const torch::Tensor& down, const torch::Tensor& residual = {});
 
 // Weights of one MoE feed-forward block.
 struct MoeWeights {

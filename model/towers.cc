@@ -37,8 +37,10 @@ torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
       .view(tokens.sizes());
 }
 
-torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
-                        const torch::Tensor& u_in) {
+// residual + the attention of u_in (the block's normed x): the residual added by the output
+// projection (Linear), no pass of its own on the CPU.
+torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw, const torch::Tensor& u_in,
+                        const torch::Tensor& residual) {
   RECORD_FUNCTION("praxis::attention", std::vector<c10::IValue>());
   const BackboneConfig& c = ctx.config;
   const int64_t b = u_in.size(0), t = u_in.size(1), hd = c.head_dim();
@@ -79,16 +81,16 @@ torch::Tensor Attention(const TowerContext& ctx, const BlockWeights& bw,
       o = (o.transpose(1, 2) * torch::sigmoid(qkvg[3]).unsqueeze(-1)).reshape({b, t, h * hd});
     }
   }
-  return Linear(o, bw.out_w, bw.out_b);
+  return Linear(o, bw.out_w, bw.out_b, residual);
 }
 
 torch::Tensor Block(const TowerContext& ctx, const BlockWeights& bw, torch::Tensor x) {
   const BackboneConfig& c = ctx.config;
-  x = x + Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps));
+  x = Attention(ctx, bw, RmsNormWith(x, bw.norm1, c.norm_eps), x);
   const torch::Tensor u = RmsNormWith(x, bw.norm2, c.norm_eps);
   RECORD_FUNCTION(bw.moe ? "praxis::moe" : "praxis::ffn", std::vector<c10::IValue>());
   if (bw.moe) return Moe(u, bw.moe_w, c.moe.top_k, c.routed_scale, MoeDispatch::kAuto, x);
-  return x + SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down);
+  return SwiGlu(u, bw.ffn_a, bw.ffn_b, bw.ffn_down, x);
 }
 
 }  // namespace

@@ -977,6 +977,14 @@ TEST(ExpertPieceTest, Bf16PiecesOnBrgemmEqualTheFloat32ProductsOfTheirBf16Values
   ASSERT_TRUE(cpu::SwiGluPieceInto(x, 4, 3, a, b, down_linear, dense));
   EXPECT_LE(MaxAbsDiff(dense.narrow(0, 4, 3), want0), 2e-2 * want0.abs().max().item<double>());
   EXPECT_EQ(dense.narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
+  // With a bf16 residual: its rows plus the layer's float32 sums, rounded once.
+  const torch::Tensor residual16 = torch::randn({20, dim}, bf16);
+  torch::Tensor summed16 = torch::zeros({20, dim}, bf16);
+  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 4, 3, a, b, down_linear, summed16, residual16));
+  const torch::Tensor want_sum = residual16.narrow(0, 4, 3).to(torch::kFloat32) + want0;
+  EXPECT_LE(MaxAbsDiff(summed16.narrow(0, 4, 3), want_sum),
+            2e-2 * want_sum.abs().max().item<double>());
+  EXPECT_EQ(summed16.narrow(0, 7, 13).abs().max().item<float>(), 0.0f);
 
   // Widths off whole vectors and tiles: dim 40, inner 24 (products 48 and 40 wide, 40 and 24 deep).
   const torch::Tensor x40 = torch::randn({70, 40}, bf16);
@@ -1052,6 +1060,11 @@ TEST(BrgemmLinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
       torch::randn({1, 1, k}),                          // one row
       torch::randn({200, k}),                           // 4 tasks, one of 8 rows
       torch::randn({4, 5, k}).transpose(0, 1),          // runs of 4 rows 5k apart, k apart
+      // Rows that do not fold into runs, copied into rows first: read channel-major (as video
+      // tokens are), two batch dimensions out of order, overlapping (expanded).
+      torch::randn({k, 6}).t(),
+      torch::randn({2, 3, 4, k}).permute({1, 0, 2, 3}),
+      torch::randn({1, k}).expand({4, k}),
   };
   for (size_t i = 0; i < inputs.size(); ++i) {
     for (const torch::Tensor& b : {bias, torch::Tensor()}) {
@@ -1065,20 +1078,29 @@ TEST(BrgemmLinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
       EXPECT_EQ(got.sizes(), want.sizes());
       EXPECT_TRUE(got.is_contiguous());
       EXPECT_LE(MaxAbsDiff(got, want), 1e-5 * want.abs().max().item<double>()) << "input " << i;
+      // With a residual of the output's sizes, contiguous or a transposed view (copied into rows):
+      // added as C's first rows.
+      std::vector<int64_t> out_sizes(want.sizes().begin(), want.sizes().end());
+      const torch::Tensor residual = torch::randn(out_sizes);
+      const torch::Tensor strided = residual.transpose(0, -1).contiguous().transpose(0, -1);
+      for (const torch::Tensor& r : {residual, strided}) {
+        const torch::Tensor summed = cpu::BrgemmLinear(inputs[i], by_columns, b, r);
+        ASSERT_TRUE(summed.defined()) << "input " << i;
+        EXPECT_LE(MaxAbsDiff(summed, want + residual), 1e-5 * want.abs().max().item<double>())
+            << "input " << i;
+      }
     }
   }
-  // Refused: a weight laid out as its own rows (read transposed), rows that do not fold into runs
-  // of one stride (two batch dimensions out of order), rows that overlap (expanded), bf16, a bias
-  // of another size.
+  // Refused: a weight laid out as its own rows (read transposed), bf16 rows over an unpacked
+  // weight, a bias of another size, a residual of another size or dtype.
   const torch::Tensor x = torch::randn({6, k});
   EXPECT_FALSE(cpu::BrgemmLinear(x, w, bias).defined());
-  EXPECT_FALSE(cpu::BrgemmLinear(torch::randn({k, 6}).t(), by_columns, bias).defined());
-  EXPECT_FALSE(cpu::BrgemmLinear(torch::randn({2, 3, 4, k}).permute({1, 0, 2, 3}), by_columns, bias)
-                   .defined());
-  EXPECT_FALSE(cpu::BrgemmLinear(x.narrow(0, 0, 1).expand({4, k}), by_columns, bias).defined());
   EXPECT_FALSE(
       cpu::BrgemmLinear(x.to(torch::kBFloat16), by_columns.to(torch::kBFloat16), {}).defined());
   EXPECT_FALSE(cpu::BrgemmLinear(x, by_columns, torch::randn({n + 1})).defined());
+  EXPECT_FALSE(cpu::BrgemmLinear(x, by_columns, bias, torch::randn({6, n + 1})).defined());
+  EXPECT_FALSE(
+      cpu::BrgemmLinear(x, by_columns, bias, torch::randn({6, n}, torch::kBFloat16)).defined());
 
   // bf16 over the weight's packed copy (made first, as at load): the float32 product of the bf16
   // values, bias included, rounded once; the same row layouts.
@@ -1097,6 +1119,14 @@ TEST(BrgemmLinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
         torch::linear(x16.to(torch::kFloat32), w16.to(torch::kFloat32), b16.to(torch::kFloat32));
     // One rounding to bf16 (8 significant bits) of sums of exact products.
     EXPECT_LE(MaxAbsDiff(got.to(torch::kFloat32), want), 1e-2 * want.abs().max().item<double>())
+        << "input " << i;
+    // A bf16 residual in the float32 sums, rounded with them once.
+    const torch::Tensor residual = torch::randn(want.sizes()).to(torch::kBFloat16);
+    const torch::Tensor summed = cpu::BrgemmLinear(x16, w16, b16, residual);
+    ASSERT_TRUE(summed.defined()) << "input " << i;
+    const torch::Tensor want_sum = want + residual.to(torch::kFloat32);
+    EXPECT_LE(MaxAbsDiff(summed.to(torch::kFloat32), want_sum),
+              1e-2 * want_sum.abs().max().item<double>())
         << "input " << i;
   }
 }
@@ -1157,6 +1187,17 @@ TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   ASSERT_TRUE(cpu::SwiGluPieceInto(x, 10, 33, column_major(gu0[0].t()), column_major(gu0[1].t()),
                                    column_major(down[0].t()), by_columns));
   EXPECT_LE(MaxAbsDiff(by_columns, dense), 1e-5 * want0.abs().max().item<double>());
+  // With a residual (a dense block's x): its rows plus the layer's, as the down product's C;
+  // refused where it is not of out's sizes.
+  const torch::Tensor residual = torch::randn({300, dim});
+  torch::Tensor summed = torch::zeros({300, dim});
+  ASSERT_TRUE(cpu::SwiGluPieceInto(x, 10, 33, column_major(gu0[0].t()), column_major(gu0[1].t()),
+                                   column_major(down[0].t()), summed, residual));
+  EXPECT_LE(MaxAbsDiff(summed.narrow(0, 10, 33), residual.narrow(0, 10, 33) + want0),
+            1e-5 * want0.abs().max().item<double>());
+  EXPECT_EQ(summed.narrow(0, 0, 10).abs().max().item<float>(), 0.0f);
+  EXPECT_FALSE(cpu::SwiGluPieceInto(x, 10, 33, linear(gu0[0]), linear(gu0[1]), linear(down[0]),
+                                    summed, residual.narrow(0, 0, 299)));
 
   // One row, read as a row whatever its stride, into one row of out.
   const torch::Tensor one = x.narrow(0, 10, 1).as_strided({1, dim}, {1, 1});
