@@ -16,8 +16,8 @@ hit both sides of a pair alike. Prints the CPU model and ISA flags and a table o
 ratio C++ / reference as the median of the pairs' ratios (< 0.5 is the issue's target), with those
 ratios' spread. `--reuse_reference` (or `--no_turns`) times all of one side's repeats, then all of
 the other's, as before this mode existed. With --gemm_bound
-each side's GEMM calls (aten mm, addmm, bmm, baddbmm; ours also MKL's bf16 GEMM of
-model/cpu_kernels.h) in one forward are recorded and timed alone in the same run (the reference's
+each side's GEMM calls (aten mm, addmm, bmm, baddbmm; ours also the brgemm and sgemm products of
+model/cpu_kernels.h, replayed as aten mm) in one forward are recorded and timed alone in the same run (the reference's
 here, the C++ side's by step_bench --gemm_bound), and the table adds both GEMM times and C++ / its
 GEMMs (the issue's bound for a GEMM-bound cell: <= 1.15). A benchmark, not a test: nothing is
 asserted.

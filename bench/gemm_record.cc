@@ -21,11 +21,10 @@ std::vector<GemmCall>* recording ABSL_GUARDED_BY(mu) = nullptr;
 
 std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
   const std::string_view name = fn.name();
-  const int operands = name == "aten::mm" || name == "aten::bmm"          ? 2
-                       : name == "aten::addmm" || name == "aten::baddbmm" ? 3
-                       : name == "praxis::mkl_bf16_gemm"  // (x, w) or (b, x, w)
-                           ? static_cast<int>(fn.inputs().size())
-                           : name == "praxis::sgemm" || name == "praxis::brgemm" ? 2 : 0;
+  const int operands = name == "aten::mm" || name == "aten::bmm"             ? 2
+                       : name == "aten::addmm" || name == "aten::baddbmm"    ? 3
+                       : name == "praxis::sgemm" || name == "praxis::brgemm" ? 2
+                                                                             : 0;
   if (operands == 0 || static_cast<int>(fn.inputs().size()) < operands) return nullptr;
   GemmCall call{std::string(name), {}, at::in_parallel_region()};
   for (int i = 0; i < operands; ++i) {
@@ -102,12 +101,6 @@ double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
       torch::bmm(a[0], a[1]);
     } else if (op == "aten::addmm") {
       torch::addmm(a[0], a[1], a[2]);
-    } else if (op == "praxis::mkl_bf16_gemm") {
-      if (a.size() == 3) {
-        model::cpu::MklBf16Matmul(a[1], a[2], a[0]);
-      } else {
-        model::cpu::MklBf16Matmul(a[0], a[1]);
-      }
     } else {
       torch::baddbmm(a[0], a[1], a[2]);
     }

@@ -1,9 +1,9 @@
 #pragma once
 
 // The GEMM calls a piece of code makes, on every thread (LibTorch's aten mm, addmm, bmm, baddbmm,
-// cpu::MklBf16Matmul's and cpu::ExpertPieceInto's): for step_bench's --gemm_bound (a step beside
-// the time of its GEMMs alone, the bound for a GEMM-bound cell) and for the test that the
-// step cost model counts every matmul a forward runs.
+// and the products of cpu::BrgemmLinear and cpu::ExpertPieceInto): for step_bench's --gemm_bound (a
+// step beside the time of its GEMMs alone, the bound for a GEMM-bound cell) and for the
+// test that the step cost model counts every matmul a forward runs.
 
 #include <torch/torch.h>
 
@@ -18,10 +18,9 @@ namespace praxis::bench {
 // output left out: a replay makes its own).
 struct GemmCall {
   using Operand = std::tuple<std::vector<int64_t>, std::vector<int64_t>, c10::ScalarType>;
-  // "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "praxis::mkl_bf16_gemm"
-  // (cpu::MklBf16Matmul: operands (x, w), or (b, x, w) as addmm's), or "praxis::sgemm" and
-  // "praxis::brgemm" (the float and bf16 products of cpu::ExpertPieceInto and SwiGluPieceInto:
-  // (x, w), replayed as aten::mm)
+  // "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", or "praxis::sgemm" and
+  // "praxis::brgemm" (the float and bf16 products of cpu::BrgemmLinear, ExpertPieceInto and
+  // SwiGluPieceInto: (x, w), replayed as aten::mm)
   std::string op;
   std::vector<Operand> operands;
   // Made inside an intra-op parallel region (the CPU MoE's pieces): on one thread, beside

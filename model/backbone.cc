@@ -123,9 +123,8 @@ absl::StatusOr<std::unique_ptr<VideoBackbone>> VideoBackbone::Create(
     const bool reduced_on_cpu =
         options.device.is_cpu() && (dt == torch::kBFloat16 || dt == torch::kFloat16);
     // The CPU's GEMMs in this dtype are timed once per process (~30 ms), here rather than in a
-    // first forward: its matmuls' choices read them (GemmInFloat32, SmallBf16Matmul).
+    // first forward: its matmuls' choice reads them (GemmInFloat32).
     const bool gemm_in_float32 = reduced_on_cpu && ReducedGemmInFloat32(dt);
-    if (reduced_on_cpu && dt == torch::kBFloat16) (void)cpu::SmallBf16GemmOnMkl();
     std::optional<cpu::Float32WeightHold> hold;
     TensorMap converted;
     if (reduced_on_cpu && options.cpu_float32_compute.value_or(gemm_in_float32)) {

@@ -1820,14 +1820,6 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
 
 namespace {
 
-// MKL's bf16 GEMM with float32 sums into a float32 C (its CBLAS entry, 32-bit ints), which
-// LibTorch's x86 wheel carries in libtorch_cpu and exports without a header. Looked up at run time:
-// where it is absent, small products stay on LibTorch's GEMM.
-using MklBf16Gemm = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                             const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta,
-                             float* c, int ldc);
-constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
-
 // A symbol of libtorch_cpu itself (which the process links), not of whichever library loaded first
 // exports the name: an ILP64 BLAS's sgemm_ would read our 32-bit ints as 64-bit ones. Null where
 // that library (by its name) or the symbol is absent.
@@ -1839,22 +1831,16 @@ void* LibTorchCpuSymbol(const char* name) {
   return symbol;
 }
 
-MklBf16Gemm FindMklBf16Gemm() {
-  static const auto gemm =
-      reinterpret_cast<MklBf16Gemm>(LibTorchCpuSymbol("cblas_gemm_bf16bf16f32"));
-  return gemm;
-}
-
-// How the CBLAS call addresses w [K, N]: row-major (NoTrans, ld = its row stride) or as wᵀ
-// row-major (Trans, ld = its column stride: a Linear's [out, in] weight transposed); nullopt where
-// neither fits. One decision for the check and the call: with a size-1 dimension both strides
-// may be 1, and only the layout whose leading dimension covers a row is right.
+// How a GEMM of ours addresses w [K, N]: row-major (ld = its row stride) or as wᵀ row-major
+// (transposed, ld = its column stride: a Linear's [out, in] weight); nullopt where neither fits.
+// One decision for the check and the call: with a size-1 dimension both strides may be 1, and only
+// the layout whose leading dimension covers a row is right.
 struct WeightLayout {
   bool transposed = false;
   int64_t ld = 0;
 };
-std::optional<WeightLayout> MklWeightLayout(int64_t k, int64_t n, int64_t row_stride,
-                                            int64_t col_stride) {
+std::optional<WeightLayout> WeightLayoutOf(int64_t k, int64_t n, int64_t row_stride,
+                                           int64_t col_stride) {
   if (col_stride == 1 && row_stride >= std::max<int64_t>(n, 1))
     return WeightLayout{false, row_stride};
   if (row_stride == 1 && col_stride >= std::max<int64_t>(k, 1))
@@ -1862,8 +1848,8 @@ std::optional<WeightLayout> MklWeightLayout(int64_t k, int64_t n, int64_t row_st
   return std::nullopt;
 }
 
-// The elements a BLAS call of ours reads: uint16_t for bf16 (MKL's bf16 GEMM), or float
-// (LibTorch's float GEMM, MKL's sgemm in its x86 wheel).
+// The elements a GEMM call of ours reads: uint16_t for bf16 (oneDNN's brgemm), or float (brgemm,
+// or LibTorch's float GEMM, MKL's sgemm in its x86 wheel).
 template <typename T>
 constexpr torch::ScalarType kBlasDtype =
     std::is_same_v<T, float> ? torch::kFloat32 : torch::kBFloat16;
@@ -1892,7 +1878,6 @@ struct BlasWeight {
   WeightLayout layout;
   const at::BFloat16* packed = nullptr;
 };
-using MklWeight = BlasWeight<uint16_t>;
 
 // Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
 // a Linear's [N, K] weight read as its transpose; nullopt where it is not T's of such a form.
@@ -1905,71 +1890,12 @@ std::optional<BlasWeight<T>> BlasOperand(const torch::Tensor& w, int64_t expert,
   }
   const int64_t rk = linear ? d - 1 : d - 2, rn = linear ? d - 2 : d - 1;
   const int64_t k = w.size(rk), n = w.size(rn);
-  const std::optional<WeightLayout> wl = MklWeightLayout(k, n, w.stride(rk), w.stride(rn));
+  const std::optional<WeightLayout> wl = WeightLayoutOf(k, n, w.stride(rk), w.stride(rn));
   if (!wl.has_value() || std::max({k, n, wl->ld}) > INT_MAX) return std::nullopt;
   return BlasWeight<T>{BlasData<T>(w) + (expert < 0 ? 0 : expert * w.stride(0)), k, n, *wl};
 }
 
-// c [m, w.n] (float32, rows of ldc) = a [m, w.k] (bf16, rows of lda) · w + beta · c: the CBLAS
-// call, its sizes known to fit an int.
-void CallMklBf16Gemm(MklBf16Gemm gemm, const uint16_t* a, int64_t m, int64_t lda,
-                     const MklWeight& w, float beta, float* c, int64_t ldc) {
-  gemm(kCblasRowMajor, kCblasNoTrans, w.layout.transposed ? kCblasTrans : kCblasNoTrans,
-       static_cast<int>(m), static_cast<int>(w.n), static_cast<int>(w.k), 1.0f, a,
-       static_cast<int>(lda), w.data, static_cast<int>(w.layout.ld), beta, c,
-       static_cast<int>(ldc));
-}
-
-// w as MklBf16Matmul's CBLAS call reads it, where that call can address all its operands;
-// nullopt where it cannot.
-std::optional<MklWeight> MklBf16Operands(const torch::Tensor& x, const torch::Tensor& w,
-                                         const torch::Tensor& b) {
-  if (!CpuBlasOperand<uint16_t>(x) || x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(0))
-    return std::nullopt;
-  const std::optional<MklWeight> wt = BlasOperand(w, -1);
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(1);
-  const bool b_ok = !b.defined() || (CpuBlasOperand<uint16_t>(b) && b.dim() == 1 &&
-                                     b.size(0) == n && b.stride(0) == 1);
-  if (!wt.has_value() || !b_ok || m < 1 || n < 1 || k < 1 || x.stride(1) != 1 || x.stride(0) < k ||
-      std::max(m, x.stride(0)) > INT_MAX) {
-    return std::nullopt;
-  }
-  return wt;
-}
-
 }  // namespace
-
-torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                            torch::Tensor out) {
-  const MklBf16Gemm gemm = FindMklBf16Gemm();
-  const std::optional<MklWeight> wt = MklBf16Operands(x, w, b);
-  if (gemm == nullptr || !wt.has_value()) return {};
-  const int64_t m = x.size(0), n = w.size(1);
-  if (!out.defined()) {
-    out = torch::empty({m, n}, x.options());
-  } else if (!CpuBlasOperand<uint16_t>(out) || out.dim() != 2 || out.size(0) != m ||
-             out.size(1) != n || out.stride(1) != 1 || (m > 1 && out.stride(0) < n)) {
-    return {};
-  }
-  RECORD_FUNCTION("praxis::mkl_bf16_gemm", b.defined() ? std::vector<c10::IValue>({b, x, w})
-                                                       : std::vector<c10::IValue>({x, w}));
-  // The float32 sums land in a scratch of this thread (at most kSmallBf16GemmOutputs floats where
-  // SmallBf16Matmul calls) and are rounded once into out, as LibTorch's bf16 GEMM rounds its own.
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(m * n));
-  float* c = scratch.data();
-  float beta = 0;
-  if (b.defined()) {  // C starts as the bias in every row: the GEMM adds onto it (beta 1)
-    Load(b.const_data_ptr<c10::BFloat16>(), c, n);
-    for (int64_t r = 1; r < m; ++r) std::memcpy(c + r * n, c, n * sizeof(float));
-    beta = 1;
-  }
-  CallMklBf16Gemm(gemm, reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), m,
-                  x.stride(0), *wt, beta, c, n);
-  c10::BFloat16* o = out.mutable_data_ptr<c10::BFloat16>();
-  for (int64_t r = 0; r < m; ++r) Store(c + r * n, o + r * out.stride(0), n);
-  return out;
-}
 
 double BestSeconds(int runs, const std::function<void()>& run) {
   run();
@@ -1983,42 +1909,10 @@ double BestSeconds(int runs, const std::function<void()>& run) {
   return best;
 }
 
-double SmallBf16GemmSpeedup() {
-  static const double speedup = [] {
-    if (FindMklBf16Gemm() == nullptr) return 0.0;
-    const torch::Tensor x = torch::randn({16, 128}).to(torch::kBFloat16);
-    const torch::Tensor w = torch::randn({128, 256}).to(torch::kBFloat16);
-    torch::Tensor out = torch::empty({16, 256}, x.options());
-    return BestSeconds(16, [&] { at::mm_out(out, x, w); }) /
-           BestSeconds(16, [&] { MklBf16Matmul(x, w, {}, out); });
-  }();
-  return speedup;
-}
-
-bool SmallBf16GemmOnMkl() {
-  static const bool on = [] {
-    if (FindMklBf16Gemm() == nullptr) return false;
-    if (const char* env = std::getenv("PRAXIS_SMALL_BF16_GEMM")) return std::atoi(env) != 0;
-    return SmallBf16GemmSpeedup() > 1.25;
-  }();
-  return on;
-}
-
-torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
-                              const torch::Tensor& b, torch::Tensor out) {
-  // Device and dtype first, so that no other model's matmul runs the probe; MklBf16Matmul checks
-  // the rest.
-  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16 || x.dim() != 2 || w.dim() != 2 ||
-      x.size(0) * w.size(1) > kSmallBf16GemmOutputs || !SmallBf16GemmOnMkl()) {
-    return {};
-  }
-  return MklBf16Matmul(x, w, b, std::move(out));
-}
-
 namespace {
 
 // The operands RECORD_FUNCTION reports for one product of GatedInto (built only while something
-// records): views of the rows and of the weight, as MklBf16Matmul's.
+// records): views of the rows and of the weight.
 template <typename T>
 std::vector<c10::IValue> RecordedProduct(const T* a, int64_t m, int64_t lda,
                                          const BlasWeight<T>& w) {

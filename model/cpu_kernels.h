@@ -184,42 +184,9 @@ torch::Tensor MatmulViaFloat32(const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b = {},
                                std::optional<torch::ScalarType> out = std::nullopt);
 
-// x · w (+ b) on MKL's bf16 GEMM, for inference (no autograd): CPU strided bf16 tensors, x [M, K]
-// (rows of unit stride), w [K, N] read row-major where its rows have unit stride, else as wᵀ
-// row-major (a Linear passes its weight transposed), b [N]; float32 sums rounded once to bf16, as
-// LibTorch's own bf16 GEMM. Written into `out` (bf16 [M, N], rows of unit stride, not
-// overlapping; default: a new tensor) and returned; an undefined tensor where MKL's entry is
-// absent or the operands or `out` are not of that form. Profiled and recorded as
-// "praxis::mkl_bf16_gemm" (inputs b, x, w as addmm's, or x, w). Thread-safe.
-torch::Tensor MklBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
-                            const torch::Tensor& b = {}, torch::Tensor out = {});
-
 // The shortest of `runs` timed calls of `run`, in seconds, after one untimed warm-up call (where
 // oneDNN builds its kernel and MKL its buffers): what the CPU probes compare. Thread-safe as `run`.
 double BestSeconds(int runs, const std::function<void()>& run);
-
-// Products with at most this many outputs go to MKL's bf16 GEMM (SmallBf16Matmul). Bench config
-// shapes, 1 and 2 threads: MKL's call costs ~5 us against ~20 for LibTorch's (oneDNN's) whatever
-// the size, and its rate falls behind past ~32 K outputs once its float32 result is rounded.
-inline constexpr int64_t kSmallBf16GemmOutputs = 32768;
-
-// MKL's bf16 GEMM's speed over LibTorch's on a small product ([16, 128]·[128, 256], best of 16
-// each on the calling thread's intra-op threads), measured at the first call and remembered; 0
-// where MKL's entry is absent. VideoBackbone::Create makes that first call for a bf16 CPU model,
-// outside any parallel region (inside one it would time one thread while the others wait).
-// Thread-safe.
-double SmallBf16GemmSpeedup();
-
-// Whether SmallBf16Matmul takes the products it is given: MKL's GEMM measured over 1.25x
-// LibTorch's (SmallBf16GemmSpeedup; not on every CPU: MKL may take a slower path off Intel's).
-// PRAXIS_SMALL_BF16_GEMM (0 or 1), read once, overrides it for benchmarks. Thread-safe.
-bool SmallBf16GemmOnMkl();
-
-// MklBf16Matmul for a product of at most kSmallBf16GemmOutputs outputs where SmallBf16GemmOnMkl;
-// else an undefined tensor, and the caller runs LibTorch's GEMM. A bf16 step at a robot's small
-// layout makes ~40 such products, each mostly LibTorch's fixed per-call cost. Thread-safe.
-torch::Tensor SmallBf16Matmul(const torch::Tensor& x, const torch::Tensor& w,
-                              const torch::Tensor& b = {}, torch::Tensor out = {});
 
 // Whether ExpertPieceInto / SwiGluPieceInto take float32 pieces: libtorch_cpu exports BLAS's
 // float GEMM (sgemm_). Thread-safe.
@@ -252,8 +219,8 @@ torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w,
 // of the CPU's MoE made ~25 of them (~15 us at a robot's small layout) around its two products.
 // The rows are x's [first, first + count) (rows null) or rows[0..count) (each in [0, N)), of x
 // [N, dim] (unit-stride rows); the weights gate_up [dim, 2·inner] and down [inner, dim], or expert
-// `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, in either layout MklBf16Matmul
-// takes, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm, with the weights
+// `expert` (>= 0) of [E, dim, 2·inner] and [E, inner, dim] stacks, read row-major or as a
+// transpose's rows, of x's dtype. bf16 (where HasBf16Brgemm, on oneDNN's brgemm, with the weights
 // PackForBrgemm packed): silu(gate) · up is computed in float32 from the first product's sums and
 // rounded to bf16 once, as the second's operand (LibTorch's path rounds each product and the
 // gate). float32 (where Float32PiecesOnBlas; on oneDNN's brgemm where HasFloat32Brgemm and the

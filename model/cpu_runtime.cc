@@ -168,7 +168,7 @@ bool ReducedGemmInFloat32(torch::ScalarType dtype) {
 }
 
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                double small_gemm_speedup, Float32Path path, bool* slow) {
+                                Float32Path path, bool* slow) {
   std::vector<std::string> units;
   if (isa.amx_bf16) units.push_back("AMX-BF16");
   if (isa.amx_fp16) units.push_back("AMX-FP16");
@@ -220,13 +220,8 @@ std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, doub
             ? absl::StrCat(", attention too at head dims from ", cpu::kBf16BrgemmMinHeadDim)
             : "; attention runs float32 FMAs here (LibTorch's brgemm takes no bfloat16 here)");
     // Where brgemm takes bf16, the Linears and SwiGLU layers run on it (cpu::BrgemmLinear,
-    // cpu::ExpertPieceInto), not on MKL's small GEMM.
-    if (isa.bf16_brgemm) {
-      implies += "; its Linears and SwiGLU layers on oneDNN's brgemm";
-    } else if (small_gemm_speedup > 0) {
-      absl::StrAppendFormat(&implies, "; small products on MKL's bf16 GEMM (%.1fx LibTorch's)",
-                            small_gemm_speedup);
-    }
+    // cpu::ExpertPieceInto); elsewhere on LibTorch's GEMM.
+    if (isa.bf16_brgemm) implies += "; its Linears and SwiGLU layers on oneDNN's brgemm";
   } else {
     implies = absl::StrCat("float16 runs on its own units", measured);
   }

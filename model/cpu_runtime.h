@@ -119,11 +119,10 @@ enum class Float32Path {
 };
 
 // One line for the start-up log: the CPU, its units, and what running in `dtype` implies on it,
-// given `matmul_speedup` (MatmulSpeedup; 0: not measured), `small_gemm_speedup` (where a bf16
-// model's small products take MKL's GEMM: cpu::SmallBf16GemmSpeedup; 0: they do not) and the
-// model's float32 `path`. `slow` is set when the dtype is emulated here, or its matmuls measured
-// slower than float32's, and the model still runs in it.
+// given `matmul_speedup` (MatmulSpeedup; 0: not measured) and the model's float32 `path`. `slow`
+// is set when the dtype is emulated here, or its matmuls measured slower than float32's, and the
+// model still runs in it.
 std::string DescribeCpuForDtype(const CpuIsa& isa, torch::ScalarType dtype, double matmul_speedup,
-                                double small_gemm_speedup, Float32Path path, bool* slow);
+                                Float32Path path, bool* slow);
 
 }  // namespace praxis::model

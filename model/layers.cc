@@ -43,10 +43,7 @@ bool PiecesOnOurGemm(const torch::Tensor& x, const torch::Tensor& w) {
 // the GEMM runs in float32 anyway, left in float32.
 torch::Tensor MatmulWeight(const torch::Tensor& x, const torch::Tensor& w,
                            bool keep_float32 = false) {
-  if (!GemmInFloat32(x, w)) {
-    if (torch::Tensor y = cpu::SmallBf16Matmul(x, w); y.defined()) return y;
-    return torch::matmul(x, w);
-  }
+  if (!GemmInFloat32(x, w)) return torch::matmul(x, w);
   return cpu::MatmulViaFloat32(x, w, {}, keep_float32 ? torch::kFloat32 : w.scalar_type());
 }
 
@@ -65,16 +62,12 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
   // Else in bf16 / fp16, as one 2-D addmm over the rows (bias fused): at::linear fuses only up to
   // three dimensions, contiguous, and sends the rest (video tokens as a permuted view, a narrowed
   // run of tokens, 5-D modulation inputs) through matmul, which copied strided ones to contiguous
-  // anyway and then added the bias in a separate pass; a small bf16 one on MKL's GEMM. Float32
-  // stays with at::linear: MKL's batched GEMM reads a strided input in place (copying it first
-  // cost ~3 % of a bench small B8 step).
+  // anyway and then added the bias in a separate pass. Float32 stays with at::linear: MKL's batched
+  // GEMM reads a strided input in place (copying it first cost ~3 % of a bench small B8 step).
   if (xd.scalar_type() != torch::kFloat32) {
     std::vector<int64_t> shape(xd.sizes().begin(), xd.sizes().end());
     shape.back() = w.size(0);
     const torch::Tensor rows = xd.reshape({-1, xd.size(-1)});
-    if (torch::Tensor y = cpu::SmallBf16Matmul(rows, w.t(), b); y.defined()) {
-      return plus_residual(y.view(shape));
-    }
     return plus_residual(torch::linear(rows, w, b).view(shape));
   }
   return plus_residual(torch::linear(xd, w, b));
@@ -209,15 +202,14 @@ torch::Tensor FusedExpert(const torch::Tensor& x, const torch::Tensor& gate_up,
 }
 
 // FusedExpert written into `out` (rows of a larger tensor): straight from the GEMM where out has
-// the weights' dtype and the matmul runs in it (MKL's for a small bf16 one, else LibTorch's),
-// else through a copy. A float32 `out` keeps the hidden rows in float32 where the GEMMs run in
-// float32 anyway.
+// the weights' dtype and the matmul runs in it, else through a copy. A float32 `out` keeps the
+// hidden rows in float32 where the GEMMs run in float32 anyway.
 void FusedExpertInto(const torch::Tensor& x, const torch::Tensor& gate_up,
                      const torch::Tensor& down, torch::Tensor out) {
   const bool keep_float32 = out.scalar_type() == torch::kFloat32;
   const torch::Tensor h = ExpertHidden(x, gate_up, keep_float32);
   if (out.scalar_type() == down.scalar_type() && !GemmInFloat32(h, down)) {
-    if (!cpu::SmallBf16Matmul(h, down, {}, out).defined()) torch::mm_out(out, h, down);
+    torch::mm_out(out, h, down);
   } else {
     out.copy_(MatmulWeight(h, down, keep_float32));
   }

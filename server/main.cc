@@ -280,10 +280,7 @@ absl::StatusOr<model::LoadedModel> LoadFromFlags(model::BackboneOptions* backbon
         loaded.model->compute_dtype() != dtype ? model::Float32Path::kModel
         : model::ReducedGemmInFloat32(dtype)   ? model::Float32Path::kMatmuls
                                                : model::Float32Path::kNone;
-    const bool small_on_mkl = path == model::Float32Path::kNone && dtype == torch::kBFloat16 &&
-                              model::cpu::SmallBf16GemmOnMkl();
     *compute = model::DescribeCpuForDtype(model::DetectCpuIsa(), dtype, model::MatmulSpeedup(dtype),
-                                          small_on_mkl ? model::cpu::SmallBf16GemmSpeedup() : 0,
                                           path, &slow);
   }
   (slow ? std::cerr : std::cout) << "praxis-server: " << (slow ? "WARNING: " : "") << *compute

@@ -701,28 +701,28 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
   bool slow = false;
   const CpuIsa bare{.model = "Old CPU", .avx512f = true};
   EXPECT_FALSE(HasUnitsFor(bare, torch::kBFloat16));
-  EXPECT_NE(DescribeCpuForDtype(bare, torch::kBFloat16, 0, 0, Float32Path::kMatmuls, &slow)
-                .find("emulated"),
-            std::string::npos);
+  EXPECT_NE(
+      DescribeCpuForDtype(bare, torch::kBFloat16, 0, Float32Path::kMatmuls, &slow).find("emulated"),
+      std::string::npos);
   EXPECT_TRUE(slow);
-  DescribeCpuForDtype(bare, torch::kFloat16, 0, 0, Float32Path::kNone, &slow);
+  DescribeCpuForDtype(bare, torch::kFloat16, 0, Float32Path::kNone, &slow);
   EXPECT_TRUE(slow);
   // Computed in float32 end to end, the emulated dtype costs nothing: not slow, and said so.
   const std::string converted =
-      DescribeCpuForDtype(bare, torch::kBFloat16, 0, 0, Float32Path::kModel, &slow);
+      DescribeCpuForDtype(bare, torch::kBFloat16, 0, Float32Path::kModel, &slow);
   EXPECT_FALSE(slow) << converted;
   EXPECT_NE(converted.find("no hardware path here: the model is computed in float32 (its "
                            "bfloat16 weights converted at load)"),
             std::string::npos)
       << converted;
-  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, 1, 0, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(bare, torch::kFloat32, 1, Float32Path::kNone, &slow)
                 .find("Old CPU [AVX-512]"),
             std::string::npos);
   EXPECT_FALSE(slow);
   CpuIsa zen4{.model = "AMD EPYC", .avx512f = true, .avx512_bf16 = true, .bf16_brgemm = true};
   EXPECT_TRUE(HasUnitsFor(zen4, torch::kBFloat16));
   const std::string zen4_bf16 =
-      DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow);
+      DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, Float32Path::kNone, &slow);
   EXPECT_NE(zen4_bf16.find("matmuls run on AVX512-BF16 (measured 2.70x float32's rate), "
                            "attention too at head dims from 16"),
             std::string::npos)
@@ -731,26 +731,22 @@ TEST(CpuRuntimeTest, ReducedPrecisionWithoutItsUnitsIsCalledSlow) {
   EXPECT_NE(zen4_bf16.find("; its Linears and SwiGLU layers on oneDNN's brgemm"), std::string::npos)
       << zen4_bf16;
   zen4.bf16_brgemm = false;  // a LibTorch whose brgemm takes no bf16
-  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 0, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, Float32Path::kNone, &slow)
                 .find("; attention runs float32 FMAs here"),
             std::string::npos);
-  // Its small products then on MKL's bf16 GEMM where that is the faster.
-  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, 2.5, Float32Path::kNone, &slow)
-                .find("; small products on MKL's bf16 GEMM (2.5x LibTorch's)"),
-            std::string::npos);
+  EXPECT_EQ(DescribeCpuForDtype(zen4, torch::kBFloat16, 2.7, Float32Path::kNone, &slow)
+                .find("oneDNN's brgemm"),
+            std::string::npos);  // its Linears and SwiGLU layers on LibTorch's GEMM
   zen4.float32_brgemm = true;
-  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kFloat32, 1, 0, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(zen4, torch::kFloat32, 1, Float32Path::kNone, &slow)
                 .find("float32, its Linears and SwiGLU layers on oneDNN's brgemm"),
             std::string::npos);
   const CpuIsa spr{
       .model = "Xeon", .avx512f = true, .avx512_bf16 = true, .amx_bf16 = true, .bf16_brgemm = true};
-  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, 0, Float32Path::kNone, &slow)
+  EXPECT_NE(DescribeCpuForDtype(spr, torch::kBFloat16, 0, Float32Path::kNone, &slow)
                 .find("matmuls run on AMX tiles, attention too"),
             std::string::npos);
   EXPECT_FALSE(slow);
-  EXPECT_EQ(
-      DescribeCpuForDtype(spr, torch::kBFloat16, 0, 2.5, Float32Path::kNone, &slow).find("MKL"),
-      std::string::npos);  // brgemm takes its products
 }
 
 // The same units can be the slow choice: a Xeon whose AMX is not enabled keeps AVX512-BF16, where
@@ -760,21 +756,21 @@ TEST(CpuRuntimeTest, ReducedMatmulsMeasuredSlowerRunOnTheFloat32Gemm) {
   bool slow = false;
   const CpuIsa xeon{.model = "Xeon", .avx512f = true, .avx512_bf16 = true, .avx512_fp16 = true};
   const std::string model =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kModel, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kModel, &slow);
   EXPECT_FALSE(slow) << model;
   EXPECT_NE(model.find("LibTorch's bfloat16 GEMM is the slower one here (measured 0.58x float32's "
                        "rate): the model is computed in float32"),
             std::string::npos)
       << model;
   const std::string bf16 =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kMatmuls, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kMatmuls, &slow);
   EXPECT_FALSE(slow) << bf16;
   EXPECT_NE(bf16.find("its matmuls run on the float32 GEMM"), std::string::npos) << bf16;
   const std::string forced =
-      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, 0, Float32Path::kNone, &slow);
+      DescribeCpuForDtype(xeon, torch::kBFloat16, 0.58, Float32Path::kNone, &slow);
   EXPECT_TRUE(slow) << forced;
   EXPECT_NE(forced.find("--dtype=float32"), std::string::npos) << forced;
-  DescribeCpuForDtype(xeon, torch::kFloat16, 1.5, 0, Float32Path::kNone, &slow);
+  DescribeCpuForDtype(xeon, torch::kFloat16, 1.5, Float32Path::kNone, &slow);
   EXPECT_FALSE(slow);
 }
 
@@ -846,73 +842,6 @@ TEST(MatmulViaFloat32Test, AWeightOverTheBudgetRunsOnTheSixteenBitGemm) {
                    w.t().to(torch::kFloat64))
           .view({3, 7, 16});
   EXPECT_LE((within.to(torch::kFloat64) - exact).abs().max().item<double>(), 64.0 / 256);
-}
-
-// MKL's bf16 GEMM: products exact, sums in float32, one rounding to bf16 (as LibTorch's own), in
-// both weight layouts (a Linear's transposed [out, in], an expert's [in, out]), with a bias, and
-// into rows of a larger tensor without touching the rest; operands it cannot address are left to
-// the caller (an undefined result).
-TEST(MklBf16MatmulTest, EqualsTheExactProductRoundedOnceInBothWeightLayouts) {
-  torch::manual_seed(13);
-  const auto bf16 = torch::kBFloat16, f64 = torch::kFloat64;
-  const torch::Tensor x = torch::randn({37, 96}).to(bf16);
-  const torch::Tensor b = torch::randn({40}).to(bf16);
-  auto within_one_rounding = [](const torch::Tensor& got, const torch::Tensor& exact) {
-    const torch::Tensor err = (got.to(torch::kFloat64) - exact).abs();
-    return (err <= exact.abs() / 256 + 1e-4).all().item<bool>();
-  };
-  const torch::Tensor linear_w = torch::randn({40, 96}).to(bf16);  // [out, in]
-  const torch::Tensor y = cpu::MklBf16Matmul(x, linear_w.t(), b);
-  ASSERT_TRUE(y.defined()) << "MKL's cblas_gemm_bf16bf16f32 is not in this LibTorch";
-  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{37, 40}));
-  EXPECT_EQ(y.scalar_type(), bf16);
-  EXPECT_TRUE(within_one_rounding(y, torch::addmm(b.to(f64), x.to(f64), linear_w.t().to(f64))));
-
-  const torch::Tensor expert_w = torch::randn({96, 24}).to(bf16);  // [in, out]
-  torch::Tensor big = torch::zeros({40, 32}, bf16);
-  const torch::Tensor rows = big.narrow(0, 3, 37).narrow(1, 4, 24);
-  EXPECT_EQ(cpu::MklBf16Matmul(x, expert_w, {}, rows).data_ptr(), rows.data_ptr());
-  EXPECT_TRUE(within_one_rounding(rows, torch::mm(x.to(f64), expert_w.to(f64))));
-  EXPECT_EQ(big.abs().sum().item<double>(), rows.abs().sum().item<double>())
-      << "wrote outside its rows";
-
-  // One input feature: a Linear's [out, 1] weight transposed has strides (1, 1), so only its
-  // column stride tells how to read it.
-  const torch::Tensor column = torch::randn({37, 1}).to(bf16);
-  const torch::Tensor narrow_w = torch::randn({40, 1}).to(bf16);
-  EXPECT_TRUE(within_one_rounding(cpu::MklBf16Matmul(column, narrow_w.t(), b),
-                                  torch::addmm(b.to(f64), column.to(f64), narrow_w.t().to(f64))));
-
-  EXPECT_FALSE(cpu::MklBf16Matmul(x.to(torch::kFloat32), expert_w).defined());
-  EXPECT_FALSE(cpu::MklBf16Matmul(torch::randn({96, 37}).to(bf16).t(), expert_w).defined());
-  const torch::Tensor every_other = torch::randn({192, 48}).to(bf16).slice(0, 0, 192, 2);
-  EXPECT_FALSE(cpu::MklBf16Matmul(x, every_other.slice(1, 0, 48, 2)).defined());  // no stride 1
-  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, b).defined());  // a bias of 40 for 24 outputs
-  EXPECT_FALSE(cpu::MklBf16Matmul(x, torch::randn({95, 24}).to(bf16)).defined());
-  const torch::Tensor column_major = torch::empty({24, 37}, bf16).t();
-  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, {}, column_major).defined());
-  const torch::Tensor overlapping =
-      torch::empty({36 * 16 + 24}, bf16).as_strided({37, 24}, {16, 1});
-  EXPECT_FALSE(cpu::MklBf16Matmul(x, expert_w, {}, overlapping).defined());
-}
-
-// Small bf16 products take MKL's GEMM where it was measured faster than LibTorch's on this CPU
-// (routed there: the same bits as MklBf16Matmul, which LibTorch's GEMM would not give in every
-// element), and larger ones stay on LibTorch's.
-TEST(MklBf16MatmulTest, SmallProductsTakeItWhereMeasuredFaster) {
-  torch::manual_seed(14);
-  EXPECT_GT(cpu::SmallBf16GemmSpeedup(), 0);  // measured: the entry is there
-  const torch::Tensor x = torch::randn({12, 64}).to(torch::kBFloat16);
-  const torch::Tensor w = torch::randn({64, 256}).to(torch::kBFloat16);
-  const torch::Tensor small = cpu::SmallBf16Matmul(x, w);
-  if (cpu::SmallBf16GemmOnMkl()) {
-    ASSERT_TRUE(small.defined());
-    EXPECT_TRUE(torch::equal(small, cpu::MklBf16Matmul(x, w)));
-  } else {
-    EXPECT_FALSE(small.defined()) << "measured " << cpu::SmallBf16GemmSpeedup() << "x";
-  }
-  const int64_t rows = cpu::kSmallBf16GemmOutputs / 256 + 1;  // one row over
-  EXPECT_FALSE(cpu::SmallBf16Matmul(torch::randn({rows, 64}).to(torch::kBFloat16), w).defined());
 }
 
 // silu(x·gate)·(x·up)·down in float32 from bf16 values, the hidden rows rounded to bf16 once:
