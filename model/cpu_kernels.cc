@@ -2248,6 +2248,9 @@ namespace {
 // and runs `batch_stride` apart (elements; the last dimension unit-stride).
 struct RowRuns {
   int64_t batches = 1, rows = 1, batch_stride = 0, row_stride = 0;
+
+  // Where row `row` (counted over all runs) starts, in elements.
+  int64_t Offset(int64_t row) const { return row / rows * batch_stride + row % rows * row_stride; }
 };
 
 // x's leading dimensions (size-1 ones skipped) folded into runs of rows: the innermost and those
@@ -2278,6 +2281,15 @@ std::optional<RowRuns> RowRunsOf(const torch::Tensor& x) {
   return r;
 }
 
+// t with its rows as runs (RowRunsOf): t itself where they fold, else a copy of t in rows (video
+// tokens read channel-major, an expanded view); nullopt where even that does not.
+std::optional<std::pair<torch::Tensor, RowRuns>> InRuns(const torch::Tensor& t) {
+  if (const std::optional<RowRuns> r = RowRunsOf(t)) return std::pair{t, *r};
+  const torch::Tensor rows = t.contiguous();
+  if (const std::optional<RowRuns> r = RowRunsOf(rows)) return std::pair{rows, *r};
+  return std::nullopt;
+}
+
 // Rows of a BrgemmLinear task: the intra-op threads take tasks from a shared counter, so that a
 // thread held up elsewhere on these 2 shared cores leaves the rest of the product to the other.
 constexpr int64_t kLinearTaskRows = 64;
@@ -2304,16 +2316,15 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
       (!CpuBlasOperand<T>(residual_in) || residual_in.sizes() != c10::IntArrayRef(sizes))) {
     return {};
   }
-  // Operands whose rows do not fold into runs are read from a copy of them in rows.
-  const auto as_runs = [](const torch::Tensor& t) {
-    return RowRunsOf(t).has_value() ? t : t.contiguous();
-  };
-  const torch::Tensor x = as_runs(x_in);
-  const torch::Tensor residual = residual_in.defined() ? as_runs(residual_in) : residual_in;
-  const std::optional<RowRuns> runs = RowRunsOf(x);
-  const std::optional<RowRuns> rruns =
-      residual.defined() ? RowRunsOf(residual) : std::optional<RowRuns>(RowRuns{});
-  if (!runs.has_value() || !rruns.has_value()) return {};
+  const auto xs = InRuns(x_in);
+  const auto rs = residual_in.defined() ? InRuns(residual_in) : std::pair{residual_in, RowRuns{}};
+  if (!xs.has_value() || !rs.has_value()) return {};
+  // Named references, not structured bindings: the task lambda below captures them (clang 14,
+  // the fuzzers' compiler, captures no binding).
+  const torch::Tensor& x = xs->first;
+  const RowRuns& runs = xs->second;
+  const torch::Tensor& residual = rs->first;
+  const RowRuns& rruns = rs->second;
   torch::Tensor pack;  // a bf16 weight's packed copy (PackForBrgemm's, made at load), alive here
   if constexpr (kBf16) {
     pack = WeightCopies::Get().Find(w.transpose(-1, -2), CopyForm::kBrgemm);
@@ -2322,20 +2333,18 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
   } else if (wt->layout.transposed) {
     return {};
   }
-  const int64_t n = wt->n, rows = runs->rows, m = runs->batches * rows;
+  const int64_t n = wt->n, rows = runs.rows, m = runs.batches * rows;
   if (m == 0 || n == 0 || wt->k == 0) return {};
   torch::Tensor y = torch::empty(sizes, x.options());
+  // y's, the residual's and the bias's elements as Load and Store take them.
+  using Elem = std::conditional_t<kBf16, c10::BFloat16, float>;
   const T* xp = BlasData<T>(x);
-  const T* rp = residual.defined() ? BlasData<T>(residual) : nullptr;
-  T* yp = const_cast<T*>(BlasData<T>(y));
+  const Elem* rp = residual.defined() ? residual.const_data_ptr<Elem>() : nullptr;
+  Elem* yp = y.mutable_data_ptr<Elem>();
   std::vector<float> bias;  // b in float32, added onto each row's C
   if (b.defined()) {
     bias.resize(static_cast<size_t>(n));
-    if constexpr (kBf16) {
-      Load(reinterpret_cast<const c10::BFloat16*>(BlasData<T>(b)), bias.data(), n);
-    } else {
-      Load(BlasData<T>(b), bias.data(), n);
-    }
+    Load(b.const_data_ptr<Elem>(), bias.data(), n);
   }
   const bool add_c = rp != nullptr || b.defined();
   RunTasks((m + kLinearTaskRows - 1) / kLinearTaskRows, [&](int64_t task) {
@@ -2346,7 +2355,7 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
     for (int64_t g = task * kLinearTaskRows; g < end;) {
       const int64_t r = g % rows;
       const int64_t count = std::min({kPieceBrgemmRows, rows - r, end - g});
-      const T* a = xp + g / rows * runs->batch_stride + r * runs->row_stride;
+      const T* a = xp + runs.Offset(g);
       float* c = nullptr;
       if constexpr (kBf16) {
         c = sums.data();
@@ -2361,21 +2370,12 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
           std::copy(bias.begin(), bias.end(), ci);
           continue;
         }
-        const int64_t row = g + i;
-        const T* ri =
-            rp + row / rruns->rows * rruns->batch_stride + row % rruns->rows * rruns->row_stride;
-        if constexpr (kBf16) {
-          Load(reinterpret_cast<const c10::BFloat16*>(ri), ci, n);
-        } else {
-          Load(ri, ci, n);
-        }
+        Load(rp + rruns.Offset(g + i), ci, n);
         if (!bias.empty()) AxpyRow(ci, 1.0f, bias.data(), n);
       }
-      GatedProduct(a, count, count, runs->row_stride, *wt, c, n, add_c);
+      GatedProduct(a, count, count, runs.row_stride, *wt, c, n, add_c);
       if constexpr (kBf16) {
-        for (int64_t i = 0; i < count; ++i) {
-          Store(c + i * n, reinterpret_cast<c10::BFloat16*>(yp) + (g + i) * n, n);
-        }
+        for (int64_t i = 0; i < count; ++i) Store(c + i * n, yp + (g + i) * n, n);
       }
       g += count;
     }
