@@ -78,6 +78,39 @@ std::vector<GemmCall> RecordGemms(const std::function<void()>& run) {
   return calls;
 }
 
+std::vector<GemmCall> AttentionProducts(const model::BackboneConfig& c, model::WindowLayout layout,
+                                        bool decode, int64_t rows, c10::ScalarType dtype) {
+  layout.registers = c.num_registers;
+  std::vector<std::pair<model::MaskKey, int64_t>> towers = {
+      {model::EncoderMaskKey(layout, c.flex_block_size), c.encoder.depth}};
+  if (decode) {
+    towers.emplace_back(model::DecoderMaskKey(layout, c.ph(), c.pw(), c.flex_block_size),
+                        c.decoder.depth);
+  }
+  const int64_t batch = rows * c.num_kv_heads, g = c.num_heads / c.num_kv_heads;
+  const int64_t hd = c.head_dim();
+  auto bmm = [&](int64_t m, int64_t k, int64_t n) {
+    auto operand = [&](int64_t r, int64_t cols) {
+      return GemmCall::Operand{{batch, r, cols}, {r * cols, cols, 1}, dtype};
+    };
+    return GemmCall{"aten::bmm", {operand(m, k), operand(k, n)}};
+  };
+  std::vector<GemmCall> calls;
+  for (const auto& [key, depth] : towers) {
+    const model::TokenTags tags = *model::WindowTags(key.slots, key.chunk_size);
+    const std::vector<model::AllowedBlock> blocks =
+        model::AllowedBlocks(model::ChunkCausalRule(tags), tags, tags);
+    for (int64_t i = 0; i < depth; ++i) {
+      for (const model::AllowedBlock& b : blocks) {
+        const int64_t nq = g * (b.q_end - b.q_begin), nk = b.kv_end - b.kv_begin;
+        calls.push_back(bmm(nq, hd, nk));
+        calls.push_back(bmm(nq, nk, hd));
+      }
+    }
+  }
+  return calls;
+}
+
 double TimeGemmsMs(const std::vector<GemmCall>& calls, int repeats) {
   std::map<GemmCall::Operand, torch::Tensor> made;
   std::vector<std::vector<torch::Tensor>> args;

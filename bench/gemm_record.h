@@ -12,6 +12,9 @@
 #include <tuple>
 #include <vector>
 
+#include "model/config.h"
+#include "model/masks.h"
+
 namespace praxis::bench {
 
 // One GEMM call: its op and its tensor operands' sizes, strides and dtype (an out= variant's
@@ -35,6 +38,16 @@ struct GemmCall {
 // threads), in the order they start. Installs a global RecordFunction callback for the duration:
 // one recording at a time per process.
 std::vector<GemmCall> RecordGemms(const std::function<void()>& run);
+
+// The products of a step's attention over the pairs its mask allows, as the fewest and largest
+// GEMMs that do them: per block of each tower and rectangle of allowed pairs
+// (model::AllowedBlocks), q·kᵀ as bmm [rows·kvH, g·nq, hd]·[rows·kvH, hd, nk] (the g = H / kvH
+// query heads of a key head stacked) and p·v as bmm [rows·kvH, g·nq, nk]·[rows·kvH, nk, hd],
+// contiguous, in `dtype`. A step must do these whatever kernel runs its attention; --gemm_bound
+// times them beside its other GEMMs. `layout`'s registers are taken from `config`.
+std::vector<GemmCall> AttentionProducts(const model::BackboneConfig& config,
+                                        model::WindowLayout layout, bool decode, int64_t rows,
+                                        c10::ScalarType dtype);
 
 // The calls run alone, in order, `repeats` times after one warm-up, as the step ran them: each on
 // LibTorch's intra-op threads, except that consecutive calls made inside a parallel region run

@@ -2,7 +2,8 @@
 // beside the PyTorch reference's forward on the same checkpoint, inputs and thread count, or on
 // synthetic inputs of a layout, for bench/served_ratio.py to put beside the served step.
 // Prints one JSON line (last): {"times_ms": [...], "median_ms": m} (with --gemm_bound also
-// "gemm_ms", "gemm_calls", "gemm_gflop", "useful_gflop"). Not a test: nothing is asserted.
+// "gemm_ms", "gemm_calls", "gemm_gflop", "attention_products_ms", "attention_products_calls",
+// "attention_products_gflop", "useful_gflop"). Not a test: nothing is asserted.
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
@@ -56,10 +57,12 @@ ABSL_FLAG(bool, worker_thread, false,
           "run the steps on a second thread, as the server's batcher does (not the main thread "
           "that set the intra-op thread count)");
 ABSL_FLAG(bool, gemm_bound, false,
-          "also record the GEMM calls (LibTorch's mm, addmm, bmm, baddbmm; MKL's bf16 one) of "
-          "one step, on every thread, and time them alone in this run (same threads, operands of "
-          "the same sizes, strides and dtype): the issue's bound for a GEMM-bound cell is step "
-          "<= 1.15 x that");
+          "also record the GEMM calls (LibTorch's mm, addmm, bmm, baddbmm; the Linears' and "
+          "SwiGLU pieces' brgemm and sgemm) of one step, on every thread, and time them alone in "
+          "this run (same threads, operands of the same sizes, strides and dtype), and beside "
+          "them the attention's products over its allowed pairs as LibTorch's bmm "
+          "(bench::AttentionProducts): the issue's bound for a GEMM-bound cell is step <= 1.15 x "
+          "the time of the GEMMs it must do");
 ABSL_FLAG(std::string, profile, "",
           "also write a chrome trace of one more run here (LibTorch's profiler; summarise it with "
           "bench/profile_summary.py)");
@@ -124,10 +127,20 @@ absl::Status Run() {
     PRAXIS_RETURN_IF_ERROR(s);
     double gflop = 0;
     for (const bench::GemmCall& c : calls) gflop += c.Flops() / 1e9;
-    const StepCost cost =
-        ComputeStepCost(runner.config(), StepLayout(in), in.decode, in.noised.size(0));
-    gemms = absl::StrCat(", \"gemm_ms\": ", bench::TimeGemmsMs(calls, absl::GetFlag(FLAGS_repeats)),
+    const int64_t rows = in.noised.size(0);
+    const StepCost cost = ComputeStepCost(runner.config(), StepLayout(in), in.decode, rows);
+    // In the dtype the step's products ran in (a bf16 model's may run in float32).
+    const std::vector<bench::GemmCall> attention = bench::AttentionProducts(
+        runner.config(), StepLayout(in), in.decode, rows,
+        calls.empty() ? torch::kFloat32 : std::get<2>(calls.front().operands.front()));
+    double attention_gflop = 0;
+    for (const bench::GemmCall& c : attention) attention_gflop += c.Flops() / 1e9;
+    const int repeats = absl::GetFlag(FLAGS_repeats);
+    gemms = absl::StrCat(", \"gemm_ms\": ", bench::TimeGemmsMs(calls, repeats),
                          ", \"gemm_calls\": ", calls.size(), ", \"gemm_gflop\": ", gflop,
+                         ", \"attention_products_ms\": ", bench::TimeGemmsMs(attention, repeats),
+                         ", \"attention_products_calls\": ", attention.size(),
+                         ", \"attention_products_gflop\": ", attention_gflop,
                          ", \"useful_gflop\": ", cost.gflop());
   }
   std::cout << "{\"times_ms\": [" << absl::StrJoin(times, ", ")

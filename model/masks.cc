@@ -216,6 +216,40 @@ int64_t AllowedPairs(const MaskRule& rule, const TokenTags& q_tags, const TokenT
       torch::matmul(q_sizes, torch::matmul(allowed, kv_sizes)).item<double>());
 }
 
+std::vector<AllowedBlock> AllowedBlocks(const MaskRule& rule, const TokenTags& q_tags,
+                                        const TokenTags& kv_tags) {
+  const Runs q = TagRuns(q_tags), kv = TagRuns(kv_tags);
+  const torch::Tensor allowed = rule(q.first, kv.first).contiguous();
+  const auto ok = allowed.accessor<bool, 2>();
+  const auto q_first = q.first.accessor<int64_t, 1>();
+  const auto kv_first = kv.first.accessor<int64_t, 1>();
+  const int64_t q_runs = q.first.numel(), kv_runs = kv.first.numel();
+  auto q_end = [&](int64_t i) { return i + 1 < q_runs ? q_first[i + 1] : q_tags.length(); };
+  auto kv_end = [&](int64_t j) { return j + 1 < kv_runs ? kv_first[j + 1] : kv_tags.length(); };
+  std::vector<AllowedBlock> blocks;
+  std::vector<std::pair<int64_t, int64_t>> last;  // the previous query run's key ranges
+  size_t last_first = 0;                          // its first block in `blocks`
+  for (int64_t i = 0; i < q_runs; ++i) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int64_t j = 0; j < kv_runs; ++j) {
+      if (!ok[i][j]) continue;
+      if (!ranges.empty() && ranges.back().second == kv_first[j]) {
+        ranges.back().second = kv_end(j);
+      } else {
+        ranges.emplace_back(kv_first[j], kv_end(j));
+      }
+    }
+    if (i > 0 && ranges == last) {  // the same keys as the run before: its blocks grow
+      for (size_t b = last_first; b < blocks.size(); ++b) blocks[b].q_end = q_end(i);
+      continue;
+    }
+    last_first = blocks.size();
+    for (const auto& [begin, end] : ranges) blocks.push_back({q_first[i], q_end(i), begin, end});
+    last = std::move(ranges);
+  }
+  return blocks;
+}
+
 std::vector<Slot> EncoderSlots(const WindowLayout& l) {
   std::vector<Slot> slots = {
       {kKindGlobal, 1, l.registers},

@@ -117,6 +117,19 @@ absl::StatusOr<BlockMask> BuildBlockMask(const MaskRule& rule, const TokenTags& 
 // attention call, for FLOP accounting.
 int64_t AllowedPairs(const MaskRule& rule, const TokenTags& q_tags, const TokenTags& kv_tags);
 
+// A rectangle of allowed pairs: queries [q_begin, q_end) each attend keys [kv_begin, kv_end).
+struct AllowedBlock {
+  int64_t q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0;
+  friend bool operator==(const AllowedBlock&, const AllowedBlock&) = default;
+};
+
+// The allowed pairs of `rule` as disjoint rectangles covering them exactly: each query tag run's
+// allowed key runs merged into contiguous ranges, and adjacent query runs with the same ranges
+// merged. The products an attention must do as GEMMs (a chunk-causal window's query chunk attends
+// at most three key ranges), which step_bench's --gemm_bound times beside the step.
+std::vector<AllowedBlock> AllowedBlocks(const MaskRule& rule, const TokenTags& q_tags,
+                                        const TokenTags& kv_tags);
+
 // The geometry of one window step, as far as the masks care: register count, anchor grid, text
 // length, K chunks of F latent frames, and the latent grid h x w the encoder sees.
 struct WindowLayout {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 namespace praxis::model {
@@ -179,6 +180,16 @@ TEST(BlockMaskTest, ClassesMatchBruteForceOnRandomLayouts) {
     const BlockMask m = *BuildTowerMask(key);
     const torch::Tensor dense = DenseMask(ChunkCausalRule(tags), n, n);
     ASSERT_EQ(AllowedPairs(ChunkCausalRule(tags), tags, tags), dense.sum().item<int64_t>());
+    // The rectangles cover every allowed pair once and nothing else.
+    // Under the chunk-causal rule a query's keys are at most three ranges.
+    torch::Tensor covered = torch::zeros({n, n}, torch::kInt64);
+    std::map<int64_t, int> ranges;
+    for (const AllowedBlock& b : AllowedBlocks(ChunkCausalRule(tags), tags, tags)) {
+      ASSERT_TRUE(b.q_begin < b.q_end && b.kv_begin < b.kv_end) << key.DebugString();
+      covered.slice(0, b.q_begin, b.q_end).slice(1, b.kv_begin, b.kv_end) += 1;
+      ASSERT_LE(++ranges[b.q_begin], 3) << key.DebugString();
+    }
+    ASSERT_TRUE(torch::equal(covered, dense.to(torch::kInt64))) << key.DebugString();
     ASSERT_TRUE(torch::equal(m.TileClasses(), BruteForceTiles(dense, bs))) << key.DebugString();
     // Flex's row layout: present tiles first, ascending.
     for (int64_t i = 0; i < m.num_q_tiles(); ++i) {

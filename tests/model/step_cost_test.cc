@@ -44,6 +44,33 @@ TEST(StepCostTest, PairsEqualAllowedPairsOnRandomLayouts) {
   }
 }
 
+// step_bench's --gemm_bound times the attention's products as GEMMs over the allowed pairs: they
+// must do exactly the attention FLOPs the cost counts, heads, rows and blocks included.
+TEST(StepCostTest, AttentionProductsDoTheAttentionFlops) {
+  BackboneConfig c = Tiny();  // 4 query heads
+  std::mt19937 rng(20261207);
+  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 20; ++i) {
+    const WindowLayout l{.anchor_h = draw(1, 5),
+                         .anchor_w = draw(1, 5),
+                         .text_len = draw(1, 9),
+                         .k = draw(1, 4),
+                         .f = draw(1, 3),
+                         .h = draw(1, 4),
+                         .w = draw(1, 4)};
+    const int64_t rows = draw(1, 3);
+    const bool decode = i % 2 == 0;
+    c.num_kv_heads = i % 4 < 2 ? 1 : 2;  // the query heads of a key head: one product's rows
+    double flops = 0;
+    for (const bench::GemmCall& call :
+         bench::AttentionProducts(c, l, decode, rows, torch::kFloat32)) {
+      ASSERT_EQ(call.op, "aten::bmm");
+      flops += call.Flops();
+    }
+    EXPECT_DOUBLE_EQ(flops, ComputeStepCost(c, l, decode, rows).attention_flops);
+  }
+}
+
 TEST(StepCostTest, ScalesWithRowsAndDenseCountsEveryPair) {
   const BackboneConfig c = Tiny();
   const WindowLayout l{
