@@ -954,12 +954,15 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
 }
 
 torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
-                       const torch::Tensor& scale_in) {
+                       const torch::Tensor& scale_in, const torch::Tensor& out) {
   TORCH_CHECK(
       !x_in.is_cuda() && x_in.dim() >= 1 && shift_in.scalar_type() == torch::kFloat32 &&
           scale_in.scalar_type() == torch::kFloat32 && shift_in.size(-1) == x_in.size(-1) &&
           scale_in.size(-1) == x_in.size(-1),
       "cpu::Modulate: expected a CPU tensor and float32 shift, scale of its last dimension");
+  TORCH_CHECK(!out.defined() || (!out.is_cuda() && out.sizes() == x_in.sizes() &&
+                                 out.scalar_type() == x_in.scalar_type() && out.stride(-1) == 1),
+              "cpu::Modulate: expected out of x's sizes and dtype with unit-stride rows");
   RECORD_FUNCTION("praxis::modulate", std::vector<c10::IValue>());
   // Rows keep their strides (zero where shift and scale are broadcast): no copy of either.
   const torch::Tensor x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
@@ -968,10 +971,12 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
   };
   const torch::Tensor shift = rows_of(shift_in), scale = rows_of(scale_in);
   torch::Tensor y =
-      torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+      out.defined()
+          ? out
+          : torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t n = x.size(-1), lead = x.dim() - 1, rows = x.numel() / std::max<int64_t>(n, 1);
   const c10::IntArrayRef size = x.sizes(), sx = x.strides(), ssh = shift.strides(),
-                         ssc = scale.strides();
+                         ssc = scale.strides(), sy = y.strides();
 #if defined(PRAXIS_X86_SIMD)
   // bf16 rows in one pass each (ModulateRowBf16Avx512), not through a float32 buffer.
   const bool bf16_rows = HasAvx512Bf16Convert();
@@ -985,24 +990,25 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
       std::vector<float> buf(n);
       for (int64_t r = r0; r < r1; ++r) {
         // Row r's offsets in x, shift and scale: its index over the leading dimensions.
-        int64_t rest = r, ox = 0, osh = 0, osc = 0;
+        int64_t rest = r, ox = 0, osh = 0, osc = 0, oy = 0;
         for (int64_t d = lead - 1; d >= 0; --d) {
           const int64_t i = rest % size[d];
           rest /= size[d];
           ox += i * sx[d];
           osh += i * ssh[d];
           osc += i * ssc[d];
+          oy += i * sy[d];
         }
 #if defined(PRAXIS_X86_SIMD)
         if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
           if (bf16_rows) {
             ModulateRowBf16Avx512(reinterpret_cast<const uint16_t*>(src + ox), shp + osh, scp + osc,
-                                  reinterpret_cast<uint16_t*>(dst + r * n), n);
+                                  reinterpret_cast<uint16_t*>(dst + oy), n);
             continue;
           }
         }
 #endif
-        MapRow(src + ox, dst + r * n, n, buf.data(),
+        MapRow(src + ox, dst + oy, n, buf.data(),
                [&](const float* in, float* out) { ModulateRow(in, shp + osh, scp + osc, out, n); });
       }
     });

@@ -42,9 +42,11 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
 // shift + x · scale in float32, rounded to x's dtype: the time modulation of video tokens, in one
 // pass. x: a CPU float tensor, any strides; shift, scale: float32, broadcastable to x without
 // broadcasting its last dimension (one per chunk or per coarse-grid token, never copied out to
-// x's shape). Returns a contiguous tensor of x's shape and dtype.
+// x's shape). Returns a contiguous tensor of x's shape and dtype; with `out` (x's sizes and dtype,
+// unit-stride rows: a slice of a token sequence) writes it there and returns it, so that a
+// sequence's modulated tokens need no concatenation pass.
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
-                       const torch::Tensor& scale);
+                       const torch::Tensor& scale, const torch::Tensor& out = {});
 
 // silu(a) · b elementwise (the SwiGLU gate), read and written in one pass: a, b CPU tensors of one
 // shape and dtype, any strides (the gate and up halves of one projection are served as views).

@@ -88,11 +88,15 @@ torch::Tensor RmsNormWith(const torch::Tensor& x, const torch::Tensor& w, double
 }
 
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
-                       const torch::Tensor& scale, torch::ScalarType dtype) {
-  if (!x.is_cuda() && dtype == torch::kFloat32) {
-    return cpu::Modulate(x, shift.to(dtype), scale.to(dtype));
+                       const torch::Tensor& scale, torch::ScalarType dtype,
+                       const torch::Tensor& out) {
+  if (!x.is_cuda() && dtype == torch::kFloat32 &&
+      (!out.defined() || (out.scalar_type() == x.scalar_type() && out.stride(-1) == 1))) {
+    return cpu::Modulate(x, shift.to(dtype), scale.to(dtype), out);
   }
-  return torch::addcmul(shift.to(dtype), x.to(dtype), scale.to(dtype)).to(x.scalar_type());
+  torch::Tensor y =
+      torch::addcmul(shift.to(dtype), x.to(dtype), scale.to(dtype)).to(x.scalar_type());
+  return out.defined() ? out.copy_(y) : y;
 }
 
 torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs,

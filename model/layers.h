@@ -29,9 +29,11 @@ torch::Tensor NormWeight(const torch::Tensor& weight, double scale = 1.0);
 // kernel of model/cpu_kernels.h on the CPU).
 torch::Tensor RmsNormWith(const torch::Tensor& x, const torch::Tensor& w, double eps);
 
-// x·scale + shift computed in `dtype`, returned in x's dtype.
+// x·scale + shift computed in `dtype`, returned in x's dtype; with `out` (x's sizes) written
+// there, in out's dtype, and returned: a token sequence's slice, filled without a concatenation.
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
-                       const torch::Tensor& scale, torch::ScalarType dtype);
+                       const torch::Tensor& scale, torch::ScalarType dtype,
+                       const torch::Tensor& out = {});
 
 // Fourier features of flow times t [...]: 0.5·cos(2π(t·freqs + phases)), float32 [..., d].
 torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "model/attention.h"
 #include "model/cpu_kernels.h"
@@ -26,16 +27,39 @@ std::pair<torch::Tensor, torch::Tensor> TimeModulation(const BackboneConfig& c,
 }
 
 // Chunk k of tokens [B, K·chunk_tokens, dim] modulated with timesteps[:, k] (broadcast over the
-// chunk's tokens, never repeated in memory).
-torch::Tensor ModulateChunks(const BackboneConfig& c, const TowerWeights& w,
-                             const torch::Tensor& tokens, const torch::Tensor& timesteps,
-                             int64_t chunk_tokens) {
+// chunk's tokens, never repeated in memory), written into `out` (tokens' sizes: the sequence's
+// slice they take).
+void ModulateChunksInto(const BackboneConfig& c, const TowerWeights& w, const torch::Tensor& tokens,
+                        const torch::Tensor& timesteps, int64_t chunk_tokens,
+                        const torch::Tensor& out) {
   auto [shift, scale] = TimeModulation(c, w, timesteps);  // [B, K, dim]
-  const int64_t b = tokens.size(0), k = timesteps.size(1);
-  return Modulate(tokens.reshape({b, k, chunk_tokens, -1}), shift.unsqueeze(2), scale.unsqueeze(2),
-                  ModulationDtype(c))
-      .view(tokens.sizes());
+  const std::vector<int64_t> chunks = {tokens.size(0), timesteps.size(1), chunk_tokens, -1};
+  Modulate(tokens.reshape(chunks), shift.unsqueeze(2), scale.unsqueeze(2), ModulationDtype(c),
+           out.view(chunks));
 }
+
+// A tower's sequence [B, n, dim] of `dtype`, handed out slice by slice in order: its parts are
+// written into their places, not concatenated.
+class Sequence {
+ public:
+  Sequence(int64_t b, int64_t n, int64_t dim, const torch::TensorOptions& options)
+      : x_(torch::empty({b, n, dim}, options)) {}
+  torch::Tensor Next(int64_t tokens) {
+    torch::Tensor slice = x_.narrow(1, at_, tokens);
+    at_ += tokens;
+    return slice;
+  }
+  // The registers [r, dim], the same for every row.
+  void Registers(const torch::Tensor& registers) {
+    Next(registers.size(0)).copy_(registers.unsqueeze(0).expand({x_.size(0), -1, -1}));
+  }
+  // The whole sequence, once every slice has been written.
+  torch::Tensor Done() && { return std::move(x_); }
+
+ private:
+  torch::Tensor x_;
+  int64_t at_ = 0;
+};
 
 // residual + the attention of u_in (the block's normed x): the residual added by the output
 // projection (Linear), no pass of its own on the CPU.
@@ -112,17 +136,24 @@ EncoderResult RunEncoder(const EncoderWeights& w, const TowerContext& ctx,
   auto video_in = [&](const torch::Tensor& x) {
     return Linear(VideoTokens(x), tw.video_in_w, tw.video_in_b);
   };
-  std::vector<torch::Tensor> parts = {
-      tw.registers.unsqueeze(0).expand({b, -1, -1}), video_in(anchor), text_tokens,
-      ModulateChunks(c, tw, video_in(noised), timesteps, frames_per_chunk * h * wd)};
+  const torch::Tensor anchor_tokens = video_in(anchor), noised_tokens = video_in(noised);
+  const torch::Tensor clean_tokens = clean.defined() ? video_in(clean) : torch::Tensor();
+  Sequence seq(b,
+               c.num_registers + anchor_tokens.size(1) + text_tokens.size(1) +
+                   noised_tokens.size(1) + (clean.defined() ? clean_tokens.size(1) : 0),
+               c.dim, noised_tokens.options().dtype(dt));
+  seq.Registers(tw.registers);
+  seq.Next(anchor_tokens.size(1)).copy_(anchor_tokens);
+  seq.Next(text_tokens.size(1)).copy_(text_tokens);
+  ModulateChunksInto(c, tw, noised_tokens, timesteps, frames_per_chunk * h * wd,
+                     seq.Next(noised_tokens.size(1)));
   if (clean.defined()) {
     auto [shift, scale] = TimeModulation(
         c, tw, torch::full({b, 1}, c.clean_timestep, timesteps.options().dtype(torch::kFloat32)));
-    parts.push_back(Modulate(video_in(clean), shift, scale, ModulationDtype(c)));
+    Modulate(clean_tokens, shift, scale, ModulationDtype(c), seq.Next(clean_tokens.size(1)));
   }
-  for (torch::Tensor& p : parts) p = p.to(dt);
   EncoderResult out;
-  torch::Tensor x = torch::cat(parts, 1);
+  torch::Tensor x = std::move(seq).Done();
   out.embeddings = x;
   const auto& taps = c.encoder.tap_blocks;
   std::vector<torch::Tensor> by_block(tw.blocks.size());
@@ -148,23 +179,26 @@ torch::Tensor RunDecoder(const DecoderWeights& w, const TowerContext& ctx,
   const int64_t hh = noised.size(3) * ph, ww = noised.size(4) * pw;
   const torch::ScalarType mdt = ModulationDtype(c);
   const torch::Tensor u = UnpatchTokens(noised, ph, pw);
-  const torch::Tensor v = ModulateChunks(c, tw, Linear(u, tw.video_in_w, tw.video_in_b), timesteps,
-                                         frames_per_chunk * hh * ww);
-  torch::Tensor x = torch::cat(
-      {tw.registers.unsqueeze(0).expand({b, -1, -1}), v.to(tw.registers.scalar_type())}, 1);
+  const torch::Tensor tokens = Linear(u, tw.video_in_w, tw.video_in_b);
+  const int64_t n = kf * hh * ww;
+  const torch::TensorOptions options = tokens.options().dtype(tw.registers.scalar_type());
+  Sequence seq(b, r + n, c.dim, options);
+  seq.Registers(tw.registers);
+  ModulateChunksInto(c, tw, tokens, timesteps, frames_per_chunk * hh * ww, seq.Next(n));
+  torch::Tensor x = std::move(seq).Done();
+  const std::vector<int64_t> fine = {b, kf, hh / ph, ph, ww / pw, pw, c.dim};
   for (const BlockWeights& bw : tw.blocks) {
     // The per-token modulation runs on the coarse grid and is broadcast over each ph x pw patch
     // of the fine grid: token (f, row·ph + i, col·pw + j) reads (f, row, col).
     const auto sr = Linear(cond, bw.mod_w, bw.mod_b).split(c.dim, -1);  // [B, KF, h, w, dim]
     auto patches = [&](const torch::Tensor& m) { return m.to(mdt).unsqueeze(3).unsqueeze(5); };
-    const torch::Tensor xv =
-        Modulate(x.narrow(1, r, kf * hh * ww).reshape({b, kf, hh / ph, ph, ww / pw, pw, c.dim}),
-                 patches(sr[0]), 1.0 + patches(sr[1]), mdt)
-            .reshape({b, kf * hh * ww, c.dim});
-    x = Block(ctx, bw, torch::cat({x.narrow(1, 0, r), xv}, 1));
+    Sequence modulated(b, r + n, c.dim, options);
+    modulated.Next(r).copy_(x.narrow(1, 0, r));
+    Modulate(x.narrow(1, r, n).view(fine), patches(sr[0]), 1.0 + patches(sr[1]), mdt,
+             modulated.Next(n).view(fine));
+    x = Block(ctx, bw, std::move(modulated).Done());
   }
-  torch::Tensor y =
-      Linear(RmsNorm(x.narrow(1, r, kf * hh * ww), w.norm, c.norm_eps), w.out_w, w.out_b);
+  torch::Tensor y = Linear(RmsNorm(x.narrow(1, r, n), w.norm, c.norm_eps), w.out_w, w.out_b);
   y = y.reshape({b, kf, hh, ww, -1}).permute({0, 4, 1, 2, 3});
   return Patchify(y, ph, pw);
 }

@@ -329,8 +329,24 @@ TEST(CpuKernelsTest, ModulateEqualsShiftPlusXTimesScaleInFloat32) {
       EXPECT_LE(((got.to(torch::kFloat32) - want).abs() - rel * want.abs()).max().item<double>(),
                 1e-6)
           << dt << " " << x.sizes();
+      // Into a sequence's slice (x's sizes, rows apart by the sequence's stride): the same values
+      // there, and the tokens around it untouched.
+      const int64_t tokens = x.numel() / dim;
+      torch::Tensor seq = torch::full({tokens + 2 * regs, dim}, 7.0).to(dt);
+      const torch::Tensor slot = seq.narrow(0, regs, tokens).view(x.sizes());
+      const torch::Tensor into = cpu::Modulate(x, sh, sc, slot);
+      EXPECT_EQ(into.data_ptr(), slot.data_ptr());
+      EXPECT_TRUE(torch::equal(slot, got)) << dt << " " << x.sizes();
+      EXPECT_TRUE(torch::equal(seq.narrow(0, 0, regs), torch::full({regs, dim}, 7.0).to(dt)));
+      EXPECT_TRUE(
+          torch::equal(seq.narrow(0, regs + tokens, regs), torch::full({regs, dim}, 7.0).to(dt)));
     }
   }
+  // out must be x's sizes and dtype with unit-stride rows.
+  const torch::Tensor x8 = torch::randn({2, 8}), s8 = torch::randn({8});
+  EXPECT_THROW(cpu::Modulate(x8, s8, s8, torch::empty({2, 9})), c10::Error);
+  EXPECT_THROW(cpu::Modulate(x8, s8, s8, torch::empty({2, 8}, torch::kBFloat16)), c10::Error);
+  EXPECT_THROW(cpu::Modulate(x8, s8, s8, torch::empty({8, 2}).t()), c10::Error);
   // The last dimension is never broadcast, and shift and scale are float32.
   EXPECT_THROW(cpu::Modulate(torch::randn({2, 8}), torch::randn({2, 1}), torch::randn({2, 8})),
                c10::Error);
