@@ -18,20 +18,25 @@ namespace {
 
 BackboneConfig Tiny() { return *LoadConfig(JoinPath(PRAXIS_SOURCE_DIR, "configs/tiny.json")); }
 
+// A small window layout of random geometry (registers left 0: the config's).
+WindowLayout RandomLayout(std::mt19937& rng) {
+  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  return {.anchor_h = draw(1, 5),
+          .anchor_w = draw(1, 5),
+          .text_len = draw(1, 9),
+          .k = draw(1, 4),
+          .f = draw(1, 3),
+          .h = draw(1, 4),
+          .w = draw(1, 4)};
+}
+
 // The closed form must equal the mask library's own count, tag run by tag run, on both towers.
 TEST(StepCostTest, PairsEqualAllowedPairsOnRandomLayouts) {
   const BackboneConfig c = Tiny();
   std::mt19937 rng(20261203);
-  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int i = 0; i < 60; ++i) {
-    WindowLayout l{.registers = c.num_registers,
-                   .anchor_h = draw(1, 5),
-                   .anchor_w = draw(1, 5),
-                   .text_len = draw(1, 9),
-                   .k = draw(1, 4),
-                   .f = draw(1, 3),
-                   .h = draw(1, 4),
-                   .w = draw(1, 4)};
+    WindowLayout l = RandomLayout(rng);
+    l.registers = c.num_registers;
     const StepCost s = ComputeStepCost(c, l, /*decode=*/true, 1);
     const MaskKey ek = EncoderMaskKey(l, c.flex_block_size);
     const MaskKey dk = DecoderMaskKey(l, c.ph(), c.pw(), c.flex_block_size);
@@ -49,16 +54,9 @@ TEST(StepCostTest, PairsEqualAllowedPairsOnRandomLayouts) {
 TEST(StepCostTest, AttentionProductsDoTheAttentionFlops) {
   BackboneConfig c = Tiny();  // 4 query heads
   std::mt19937 rng(20261207);
-  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int i = 0; i < 20; ++i) {
-    const WindowLayout l{.anchor_h = draw(1, 5),
-                         .anchor_w = draw(1, 5),
-                         .text_len = draw(1, 9),
-                         .k = draw(1, 4),
-                         .f = draw(1, 3),
-                         .h = draw(1, 4),
-                         .w = draw(1, 4)};
-    const int64_t rows = draw(1, 3);
+    const WindowLayout l = RandomLayout(rng);
+    const int64_t rows = 1 + i % 3;
     const bool decode = i % 2 == 0;
     c.num_kv_heads = i % 4 < 2 ? 1 : 2;  // the query heads of a key head: one product's rows
     double flops = 0;
