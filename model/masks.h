@@ -120,7 +120,6 @@ int64_t AllowedPairs(const MaskRule& rule, const TokenTags& q_tags, const TokenT
 // A rectangle of allowed pairs: queries [q_begin, q_end) each attend keys [kv_begin, kv_end).
 struct AllowedBlock {
   int64_t q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0;
-  friend bool operator==(const AllowedBlock&, const AllowedBlock&) = default;
 };
 
 // The allowed pairs of `rule` as disjoint rectangles covering them exactly: each query tag run's
