@@ -345,6 +345,11 @@ constexpr int64_t kLanes = 16;
 constexpr int64_t kBlockRows = 8;
 // Query rows per attention task (a multiple of kBlockRows): its scores and sums stay in L1.
 constexpr int64_t kAttentionRows = 32;
+// Query rows per task on the bf16 brgemm (four 16-row AMX tiles), and at most per query tile:
+// measured on AMX at the bench layout with segments of 512 keys, 32 rows 476 ms of attention, 64
+// 434-439, 128 424-431 (fewer tasks to balance on small layouts) (stop 23); on Zen 4, 32 and 128
+// within 2 % of 64 (stop 46).
+constexpr int64_t kBrgemmRows = 64;
 
 int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
@@ -1337,11 +1342,6 @@ torch::Tensor HeadsOutTensor(const torch::Tensor& q, const torch::Tensor& gate) 
 }
 
 #if defined(PRAXIS_X86_SIMD)
-// Query rows per task on the bf16 brgemm (four 16-row AMX tiles): measured on AMX at the bench
-// layout with segments of 512 keys, 32 rows 476 ms of attention, 64 434-439, 128 424-431 (fewer
-// tasks to balance on small layouts) (stop 23); on Zen 4, 32 and 128 within 2 % of 64 (stop 46).
-constexpr int64_t kBrgemmRows = 64;
-
 // k and v [B, kvH, kv_len, hd] (bf16, any strides with the last 1) as brgemm's B operands in the
 // VNNI layout (two consecutive rows of the product's inner dimension interleaved, one 32-bit word
 // per pair), zero past the keys up to ldk (even): a segment's padded columns then score 0 (its
@@ -1518,9 +1518,9 @@ bool HasBf16Brgemm() {
 }
 
 TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block) {
-  if (TakesBf16Brgemm(dtype, head_dim)) return {.rows = block, .key_group = block};
+  const int64_t task_rows = TakesBf16Brgemm(dtype, head_dim) ? kBrgemmRows : kAttentionRows;
   int64_t rows = block;
-  while (rows > kAttentionRows && rows % 2 == 0) rows /= 2;
+  while (rows > task_rows && rows % 2 == 0) rows /= 2;
   return {.rows = rows, .key_group = kLanes};
 }
 

@@ -137,11 +137,12 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
 
 // The tiles TileAttention runs best on, for heads of `dtype` and `head_dim` planned from a mask
 // of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made
-// of the `key_group`-key groups their rows attend. On float32 FMAs 32-row tiles and 16-key groups:
-// a chunk-causal mask's 128-token tiles are half empty pairs (bench config, small layout: 52 % of
-// the pairs computed allowed), 32 x 16 pieces 80 %. The bf16 brgemm keeps the mask's tiles (its
-// products were measured best on 64-128-row tasks and whole tiles on AMX, stop 23; on Zen 4,
-// 16- or 32-key groups and 32- or 128-row tasks were within 3 %, stop 46). Thread-safe.
+// of the `key_group`-key groups their rows attend: 16-key groups, and tiles of 32 rows on float32
+// FMAs, of 64 on the bf16 brgemm (its products measured best on 64-128-row tasks on AMX, stop 23).
+// A chunk-causal mask's 128-token tiles are half empty pairs (bench config, small layout: 52 % of
+// the pairs computed allowed), 32 x 16 pieces 80 %: whole 128-token tiles on the bf16 brgemm took
+// 1.35x the time of 64 x 16 pieces there (B8, Zen 4), and the same at the bench layout (stop 51).
+// Thread-safe.
 struct TileShape {
   int64_t rows = 0;
   int64_t key_group = 0;

@@ -355,17 +355,18 @@ TEST(CpuKernelsTest, ModulateEqualsShiftPlusXTimesScaleInFloat32) {
       c10::Error);
 }
 
-// An encoder layout's float32 CPU plan on a block size small enough that it has several groups
-// (at a head dim above TileAttentionMaxHeadDim; TileAttention's tiles at or below it).
+// An encoder layout's CPU plan (float32 unless `dtype`) on a block size small enough that it has
+// several groups (at a head dim above TileAttentionMaxHeadDim; TileAttention's tiles at or below
+// it).
 AttentionPlan Plan(const WindowLayout& layout, int64_t block, int64_t head_dim, MaskRule* rule_out,
-                   int64_t* length) {
+                   int64_t* length, torch::ScalarType dtype = torch::kFloat32) {
   const MaskKey key = EncoderMaskKey(layout, block);
   TokenTags tags = *WindowTags(key.slots, key.chunk_size);
   const MaskRule rule = ChunkCausalRule(tags);
   const BlockMask mask = *BuildBlockMask(rule, tags, tags, block);
   *rule_out = rule;
   *length = tags.length();
-  return BuildAttentionPlan(mask, rule, torch::kCPU, torch::kFloat32, head_dim);
+  return BuildAttentionPlan(mask, rule, torch::kCPU, dtype, head_dim);
 }
 
 TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHeads) {
@@ -399,10 +400,13 @@ TEST(AttentionPlanTest, DenseCallAndTileGroupsBothEqualDenseSdpaWithSharedKvHead
   EXPECT_LE(MaxAbsDiff(SparseAttention(q, k, v, dense_only, 0.25), want), 1e-5);
 }
 
-// On float32 FMAs a 128-token mask tile is planned as 32-row query tiles whose segments hold only
-// the 16-key groups their rows attend: every allowed pair in exactly one segment of its row's tile,
-// masked where not every pair is allowed, and no group without an allowed pair.
-TEST(AttentionPlanTest, TileSegmentsHoldOnlyTheKeyGroupsTheirRowsAttend) {
+// A 128-token mask tile is planned as query tiles of 32 rows (float32 FMAs) or 64 (the bf16
+// brgemm) whose segments hold only the 16-key groups their rows attend: every allowed pair in
+// exactly one segment of its row's tile, masked where not every pair is allowed, and no group
+// without an allowed pair.
+class TileSegmentsTest : public ::testing::TestWithParam<torch::ScalarType> {};
+
+TEST_P(TileSegmentsTest, HoldOnlyTheKeyGroupsTheirRowsAttend) {
   const WindowLayout layout{.registers = 4,
                             .anchor_h = 6,
                             .anchor_w = 8,
@@ -413,9 +417,10 @@ TEST(AttentionPlanTest, TileSegmentsHoldOnlyTheKeyGroupsTheirRowsAttend) {
                             .w = 8};  // the benchmarks' small layout
   MaskRule rule;
   int64_t t = 0;
-  const AttentionPlan plan = Plan(layout, 128, 64, &rule, &t);
+  const AttentionPlan plan = Plan(layout, 128, 64, &rule, &t, GetParam());
   const cpu::AttentionTiles& tiles = plan.tiles;
-  ASSERT_EQ(tiles.block, 32);
+  const bool brgemm = GetParam() == torch::kBFloat16 && cpu::HasBf16Brgemm();
+  ASSERT_EQ(tiles.block, brgemm ? 64 : 32);
   const torch::Tensor all = torch::arange(t, torch::kInt64);
   const torch::Tensor allowed = rule(all, all).to(torch::kUInt8).contiguous();
   const uint8_t* a = allowed.data_ptr<uint8_t>();
@@ -449,9 +454,13 @@ TEST(AttentionPlanTest, TileSegmentsHoldOnlyTheKeyGroupsTheirRowsAttend) {
   }
   for (int64_t x = 0; x < t * t; ++x)
     ASSERT_EQ(covered[x], a[x]) << "pair " << x / t << ", " << x % t;
-  // The mask's own 128-token tiles computed 52 % allowed pairs here, these 80 % (stop 31).
+  // The mask's own 128-token tiles computed 52 % allowed pairs here, 32 x 16 pieces 80 % (stop
+  // 31), 64 x 16 pieces 78 %.
   EXPECT_GE(static_cast<double>(allowed.sum().item<int64_t>()) / computed, 0.75);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, TileSegmentsTest,
+                         ::testing::Values(torch::kFloat32, torch::kBFloat16));
 
 // softmax(q·kᵀ·scale)·v in float64 over the allowed pairs of `allowed` [T, T] (bool); a row with
 // none is 0. q [B, H, T, hd], k, v [B, kvH, T, hd].
@@ -472,8 +481,10 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
   for (int64_t block : {8, 12, 32, 128}) {  // 12: a tile edge that is not a multiple of 8 rows
     MaskRule rule;
     int64_t t = 0;
-    // The tiles do not depend on the head dim: one plan serves every hd below.
+    // The tiles do not depend on the head dim: one plan per dtype serves every hd below (bf16's
+    // tiles taller where it takes the brgemm; every kernel runs any tiles).
     const AttentionPlan plan = Plan(layout, block, 16, &rule, &t);
+    const AttentionPlan bf16_plan = Plan(layout, block, 16, &rule, &t, torch::kBFloat16);
     ASSERT_FALSE(plan.tiles.first.empty());
     EXPECT_TRUE(plan.groups.empty() && !plan.dense_bias.defined()) << "nothing else built";
     const torch::Tensor all = torch::arange(t, torch::kInt64);
@@ -491,22 +502,22 @@ TEST(TileAttentionTest, EqualsTheMaskedSoftmaxInEveryDtypeHeadDimAndTileSize) {
         const double tol = dt == torch::kFloat32 ? 1e-5 : dt == torch::kHalf ? 5e-3 : 3e-2;
         const torch::Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
         const torch::Tensor want_d = MaskedAttentionOracle(qd, kd, vd, allowed, 0.3);
+        const cpu::AttentionTiles& tiles = (dt == torch::kBFloat16 ? bf16_plan : plan).tiles;
         std::map<cpu::AttentionIsa, torch::Tensor> got;
         for (auto isa :
              {cpu::AttentionIsa::kBest, cpu::AttentionIsa::kAvx512, cpu::AttentionIsa::kPortable}) {
-          got[isa] = cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa);
+          got[isa] = cpu::TileAttention(qd, kd, vd, tiles, 0.3, isa);
           ASSERT_EQ(got[isa].scalar_type(), dt);
           EXPECT_LE(MaxAbsDiff(got[isa], dt == torch::kFloat32 ? want : want_d), tol)
               << "block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
           // Gated as it is stored: GateHeads of the same output (16-bit: one rounding apart).
-          const torch::Tensor gated =
-              cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa, gate.to(dt));
+          const torch::Tensor gated = cpu::TileAttention(qd, kd, vd, tiles, 0.3, isa, gate.to(dt));
           EXPECT_LE(MaxAbsDiff(gated, cpu::GateHeads(got[isa], gate.to(dt))),
                     dt == torch::kFloat32 ? 1e-6 : 2e-2)
               << "gated: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
           // With the gate's bias, as attention passes it where the projection ran without it.
           const torch::Tensor biased =
-              cpu::TileAttention(qd, kd, vd, plan.tiles, 0.3, isa, gate.to(dt), gate_bias);
+              cpu::TileAttention(qd, kd, vd, tiles, 0.3, isa, gate.to(dt), gate_bias);
           EXPECT_LE(MaxAbsDiff(biased, cpu::GateHeads(got[isa], gate.to(dt), gate_bias)),
                     dt == torch::kFloat32 ? 1e-6 : 2e-2)
               << "biased: block " << block << " hd " << hd << " " << dt << " isa " << int(isa);
