@@ -600,25 +600,37 @@ PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int
   }
 }
 
-// SiluMulRowAvx512 for bf16 rows, in one pass (each vector converted on load and rounded once on
-// store): as the result is rounded to bf16 (2^-9), e^-a takes kExp2Fit4 on one product by log2 e
-// and 1 / (1 + e^-a) vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside
-// the rounding). Converting the rows to float32 buffers and back around the float32 kernel took
-// 1.4x its time.
+// 16 lanes from src as float32 (those outside m: 0): float32 as it lies, bf16 widened.
+inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m512 LoadLanes(
+    const float* src, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, src);
+}
+inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m512 LoadLanes(
+    const uint16_t* src, __mmask16 m) {
+  return LoadBf16Lanes(src, m);
+}
+
+// SiluMulRowAvx512 rounded to bf16, in one pass from bf16 rows or float32 sums (T: uint16_t bf16
+// bits or float; each vector converted on load and rounded once on store): as the result is
+// rounded to bf16 (2^-9), e^-a takes kExp2Fit4 on one product by log2 e and 1 / (1 + e^-a)
+// vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside the rounding).
+// Converting bf16 rows to float32 buffers and back around the float32 kernel took 1.4x its time;
+// the bf16 SwiGLU's float32 sums went through SiluMulRowAvx512 and a rounding pass (stop 51).
+template <typename T>
 __attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void SiluMulRowBf16Avx512(
-    const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n) {
+    const T* a, const T* b, uint16_t* out, int64_t n) {
   const __m512 log2e = _mm512_set1_ps(kLog2e), one = _mm512_set1_ps(1.0f),
                inf = _mm512_set1_ps(INFINITY);
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 m = LanesLeft(n - i);
-    const __m512 x = LoadBf16Lanes(a + i, m);
+    const __m512 x = LoadLanes(a + i, m);
     // -a capped as in SiluMulRowAvx512 (a NaN becomes the cap and stays NaN through x).
     const __m512 neg =
         _mm512_mask_max_ps(x, kAll, _mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-87.0f));
     const __m512 d = _mm512_add_ps(one, Exp2Avx512(_mm512_mul_ps(neg, log2e), kAll, kExp2Fit4));
     __m512 r = _mm512_maskz_rcp14_ps(kAll, d);
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(d, inf, _CMP_EQ_OQ), _mm512_setzero_ps());
-    StoreBf16Lanes(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, r), LoadBf16Lanes(b + i, m)));
+    StoreBf16Lanes(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, r), LoadLanes(b + i, m)));
   }
 }
 
@@ -841,6 +853,18 @@ void SiluMulRowBest(const float* a, const float* b, float* y, int64_t n) {
   if (HasAvx512()) return SiluMulRowAvx512(a, b, y, n);
 #endif
   SiluMulRow(a, b, y, n);
+}
+
+// y[i] = silu(a[i]) · b[i] rounded to bf16, in one pass where the CPU has the conversion; a is
+// scratch (overwritten where it has not).
+void SiluMulRowToBf16(float* a, const float* b, c10::BFloat16* y, int64_t n) {
+#if defined(PRAXIS_X86_SIMD)
+  if (HasAvx512Bf16Convert()) {
+    return SiluMulRowBf16Avx512(a, b, reinterpret_cast<uint16_t*>(y), n);
+  }
+#endif
+  SiluMulRowBest(a, b, a, n);
+  Store(a, y, n);
 }
 
 // Rows of at least this many elements in all are split across threads.
@@ -2110,20 +2134,22 @@ bool GatedInto(const torch::Tensor& x, const int64_t* rows, int64_t first, int64
   }
   // silu(gate) · up in float32 straight from the sums: in place as the float down product's
   // operand, or rounded once as the bf16 one's (a padded row's is 0).
-  for (int64_t r = 0; r < m; ++r) {
-    float* g = c + r * width;
-    SiluMulRowBest(g, g + inner, g, inner);
-  }
   const T* h = nullptr;
   int64_t ldh = width;
   if constexpr (kBf16) {
     hidden.resize(static_cast<size_t>(m * inner));
+    auto* hb = reinterpret_cast<c10::BFloat16*>(hidden.data());
     for (int64_t r = 0; r < m; ++r) {
-      Store(c + r * width, reinterpret_cast<c10::BFloat16*>(hidden.data()) + r * inner, inner);
+      float* g = c + r * width;
+      SiluMulRowToBf16(g, g + inner, hb + r * inner, inner);
     }
     h = hidden.data();
     ldh = inner;
   } else {
+    for (int64_t r = 0; r < m; ++r) {
+      float* g = c + r * width;
+      SiluMulRowBest(g, g + inner, g, inner);
+    }
     h = c;
   }
   // The residual's rows as the down product's C, which it adds onto.
