@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/synchronization/mutex.h"
 
 namespace praxis::model::cpu {
@@ -1810,11 +1811,14 @@ class WeightCopies {
     });
   }
 
-  using Key =
-      std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, CopyForm>;
+  // Sizes and strides inline: a lookup (every bf16 Linear and piece, every step) allocates
+  // nothing.
+  using Dims = absl::InlinedVector<int64_t, 4>;
+  using Key = std::tuple<const void*, int64_t, Dims, Dims, CopyForm>;
   static Key KeyOf(const torch::Tensor& w, CopyForm form) {
-    return {w.storage().unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
-            w.strides().vec(), form};
+    return {w.storage().unsafeGetStorageImpl(), w.storage_offset(),
+            Dims(w.sizes().begin(), w.sizes().end()), Dims(w.strides().begin(), w.strides().end()),
+            form};
   }
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
