@@ -206,8 +206,9 @@ void BM_EncoderAttention(benchmark::State& state) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim()));
   const double flops = 4.0 * c.head_dim() * c.num_heads * AllowedPairs(rule, tags, tags);
   if (state.range(0) == 0) {
-    const AttentionPlan plan = BuildAttentionPlan(*BuildBlockMask(rule, tags, tags, 128), rule,
-                                                  torch::kCPU, torch::kBFloat16, c.head_dim());
+    const AttentionPlan plan =
+        BuildAttentionPlan(*BuildBlockMask(rule, tags, tags, 128), rule, tags, tags, torch::kCPU,
+                           torch::kBFloat16, c.head_dim());
     state.counters["groups"] = static_cast<double>(plan.groups.size());
     for (auto _ : state) benchmark::DoNotOptimize(SparseAttention(q, k, v, plan, scale));
   } else {
@@ -250,7 +251,7 @@ void BM_SmallAttention(benchmark::State& state) {
   const torch::Tensor k = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
   const torch::Tensor v = torch::randn({rows, c.num_kv_heads, t, hd}, opts);
   const AttentionPlan plan = BuildAttentionPlan(
-      *BuildBlockMask(rule, tags, tags, c.flex_block_size), rule, torch::kCPU, dt, hd);
+      *BuildBlockMask(rule, tags, tags, c.flex_block_size), rule, tags, tags, torch::kCPU, dt, hd);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   for (auto _ : state) benchmark::DoNotOptimize(SparseAttention(q, k, v, plan, scale));
   const double flops =

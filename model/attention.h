@@ -62,9 +62,11 @@ struct AttentionPlan {
 // Groups the query tiles of `mask` by their (full, partial) key-tile pattern; `rule` gives the
 // pairs inside partial tiles (evaluated on those tiles only); `dtype` is the attention dtype and
 // `head_dim` its heads' width. On the CPU at head dims up to TileAttentionMaxHeadDim(dtype) the
-// plan holds TileAttention's tiles instead.
-AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule, torch::Device device,
-                                 torch::ScalarType dtype, int64_t head_dim);
+// plan holds TileAttention's tiles instead, cut from the exact rectangles of the pairs `rule`
+// allows between the tokens tagged `q_tags` and `kv_tags` (the tags `mask` was built from).
+AttentionPlan BuildAttentionPlan(const BlockMask& mask, const MaskRule& rule,
+                                 const TokenTags& q_tags, const TokenTags& kv_tags,
+                                 torch::Device device, torch::ScalarType dtype, int64_t head_dim);
 
 // k or v [B, kvH, T, hd] repeated to [B, heads, T, hd]: kv head j serves the heads/kvH consecutive
 // query heads from j·heads/kvH. The input itself when kvH == heads.

@@ -226,8 +226,8 @@ absl::StatusOr<std::shared_ptr<const TowerMask>> VideoBackbone::Mask(const MaskK
     PRAXIS_ASSIGN_OR_RETURN(BlockMask block, BuildBlockMask(rule, tags, tags, key.block_size));
     TowerMask m{std::move(block), {}, {}};
     if (options_.attention == AttentionMode::kSparse) {
-      m.plan =
-          BuildAttentionPlan(m.block, rule, options_.device, compute_dtype(), config_.head_dim());
+      m.plan = BuildAttentionPlan(m.block, rule, tags, tags, options_.device, compute_dtype(),
+                                  config_.head_dim());
     } else {
       m.dense = DenseMask(rule, tags.length(), tags.length()).to(options_.device);
     }

@@ -1264,8 +1264,8 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits_in, const torch::Tensor& bias
 }
 
 int64_t AttentionTiles::nbytes() const {
-  return static_cast<int64_t>(first.size() * sizeof(int64_t) + segments.size() * sizeof(Segment) +
-                              masks.size());
+  return static_cast<int64_t>((rows.size() + first.size()) * sizeof(int64_t) +
+                              segments.size() * sizeof(Segment) + masks.size());
 }
 
 namespace {
@@ -1280,7 +1280,7 @@ int64_t WidestSegment(const AttentionTiles& tiles) {
 }
 
 // TileAttention's unit of work: `rows` query rows from row0 of head hi in query tile `tile` of
-// batch row bi, a tile's rows taken per_task at a time (rows <= 0 where a short last tile has no
+// batch row bi, a tile's rows taken per_task at a time (rows <= 0 where a shorter tile has no
 // such block). Consecutive tasks are the blocks of one tile, then the tiles of one head.
 struct RowTask {
   int64_t bi, hi, tile, row0, rows;
@@ -1298,18 +1298,15 @@ RowTask RowTaskAt(int64_t task, const AttentionTiles& tiles, int64_t h, int64_t 
   r.tile = task / parts % q_tiles;
   r.hi = task / (parts * q_tiles) % h;
   r.bi = task / (parts * q_tiles * h);
-  r.row0 = r.tile * tiles.block + task % parts * per_task;
-  r.rows = std::min({per_task, tiles.q_len - r.row0, (r.tile + 1) * tiles.block - r.row0});
+  r.row0 = tiles.rows[r.tile] + task % parts * per_task;
+  r.rows = std::min(per_task, tiles.rows[r.tile + 1] - r.row0);
   return r;
 }
 
-// The mask rows of segment `seg` for the task's first query row (padded bytes each), or null
-// where the segment allows every pair.
-const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Segment& seg,
-                           const RowTask& task, int64_t padded) {
-  return seg.mask_at < 0
-             ? nullptr
-             : tiles.masks.data() + seg.mask_at + (task.row0 - task.tile * tiles.block) * padded;
+// Segment `seg`'s mask row (every query row of its tile shares it), or null where the segment
+// allows every pair.
+const uint8_t* SegmentMask(const AttentionTiles& tiles, const AttentionTiles::Segment& seg) {
+  return seg.mask_at < 0 ? nullptr : tiles.masks.data() + seg.mask_at;
 }
 
 // Checks that a gate's bias, where given, is float32 [heads] contiguous beside defined logits.
@@ -1450,8 +1447,8 @@ bool Bf16BrgemmComputesVnni() {
 // TileAttention in bf16 with both products on oneDNN's brgemm (bf16 in, float32 out; AMX tiles or
 // AVX512-BF16 dot products) and the online softmax between them in AVX-512, as TileAttention's
 // float32 path: per task of kBrgemmRows query rows and per key segment, s = q·kᵀ, p = softmax step
-// (rounded to bf16), acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and the tile edge
-// are even.
+// (rounded to bf16), acc = acc·alpha + p·v. Shapes checked by TileAttention; hd and every
+// segment's start are even.
 torch::Tensor TileAttentionBf16Brgemm(const torch::Tensor& q, const torch::Tensor& k,
                                       const torch::Tensor& v, const AttentionTiles& tiles,
                                       double scale, const torch::Tensor& gate,
@@ -1490,14 +1487,13 @@ torch::Tensor TileAttentionBf16Brgemm(const torch::Tensor& q, const torch::Tenso
       for (int64_t e = tiles.first[tile]; e < tiles.first[tile + 1]; ++e) {
         const AttentionTiles::Segment& seg = tiles.segments[e];
         const int64_t padded = PadToLanes(seg.length);
-        const uint8_t* mask = SegmentMask(tiles, seg, rt, padded);
+        const uint8_t* mask = SegmentMask(tiles, seg);
         brgemm(rows, padded, hd, st, ldk, widest, /*add_C=*/false, qrows,
                kpp + kv * hd * ldk + seg.start * 2, s.data());
         for (int64_t r = 0; r < rows; ++r) {
           float* sr = s.data() + r * widest;
           const float alpha =
-              SoftmaxRowToBf16(sr, padded, mask == nullptr ? nullptr : mask + r * padded, factor,
-                               &m[r], &l[r], p.data() + r * widest);
+              SoftmaxRowToBf16(sr, padded, mask, factor, &m[r], &l[r], p.data() + r * widest);
           if (!first && alpha != 1.0f) ScaleBy(acc.data() + r * hd, alpha, hd);
         }
         brgemm(rows, hd, padded, widest, hd, hd, /*add_C=*/!first, p.data(),
@@ -1542,11 +1538,8 @@ bool HasBf16Brgemm() {
 #endif
 }
 
-TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block) {
-  const int64_t task_rows = TakesBf16Brgemm(dtype, head_dim) ? kBrgemmRows : kAttentionRows;
-  int64_t rows = block;
-  while (rows > task_rows && rows % 2 == 0) rows /= 2;
-  return {.rows = rows, .key_group = kLanes};
+int64_t TileAttentionRows(torch::ScalarType dtype, int64_t head_dim) {
+  return TakesBf16Brgemm(dtype, head_dim) ? kBrgemmRows : kAttentionRows;
 }
 
 torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -1559,23 +1552,26 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                   q.stride(3) == 1 && scale > 0,
               "cpu::TileAttention: expected CPU q [B, H, T, hd] and k, v [B, kvH, T, hd] of one "
               "dtype, kvH dividing H, q's last stride 1, and a positive scale");
-  TORCH_CHECK(
-      t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
-          static_cast<int64_t>(tiles.first.size()) == (t + tiles.block - 1) / tiles.block + 1,
-      "cpu::TileAttention: tiles of another layout");
+  TORCH_CHECK(t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
+                  tiles.rows.size() == tiles.first.size() && tiles.rows.size() >= 2 &&
+                  tiles.rows.front() == 0 && tiles.rows.back() == t,
+              "cpu::TileAttention: tiles of another layout");
   TORCH_CHECK(!gate.defined() || (gate.dim() == 3 && gate.size(0) == b && gate.size(1) == t &&
                                   gate.size(2) == h && gate.scalar_type() == q.scalar_type()),
               "cpu::TileAttention: expected gate logits [B, T, H] of q's dtype");
   CheckGateBias(gate, gate_bias, h, "cpu::TileAttention");
   RECORD_FUNCTION("praxis::tile_attention", std::vector<c10::IValue>());
 #if defined(PRAXIS_X86_SIMD)
-  if (isa == AttentionIsa::kBest && TakesBf16Brgemm(q.scalar_type(), hd) && tiles.block % 2 == 0) {
+  if (isa == AttentionIsa::kBest && TakesBf16Brgemm(q.scalar_type(), hd) &&
+      std::all_of(tiles.segments.begin(), tiles.segments.end(),
+                  [](const AttentionTiles::Segment& seg) { return seg.start % 2 == 0; })) {
     return TileAttentionBf16Brgemm(q, k, v, tiles, scale, gate, gate_bias);
   }
 #endif
   const int64_t kvh = k.size(1), group = h / kvh, kv_len = tiles.kv_len;
-  // A segment starts anywhere (a tile edge need not be a multiple of kLanes): its padded score
-  // row reads up to kLanes - 1 columns past the keys, kept in bounds by kLanes columns of zeros.
+  // A segment starts anywhere (a key run need not start at a multiple of kLanes): its padded
+  // score row reads up to kLanes - 1 columns past the keys, kept in bounds by kLanes columns of
+  // zeros.
   const int64_t ldk = PadToLanes(kv_len) + kLanes, hdp = PadToLanes(hd);
   static_assert(AttentionTiles::kMaskAlign == kLanes);
   // Keys transposed [B, kvH, hd, ldk] and values [B, kvH, kv_len, hdp], float32, zero-padded: the
@@ -1632,18 +1628,14 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
         for (int64_t e = tiles.first[tile]; e < tiles.first[tile + 1]; ++e) {
           const AttentionTiles::Segment& seg = tiles.segments[e];
           const int64_t padded = PadToLanes(seg.length);
-          // A mask row per query row of the tile; padded == the mask's row (kMaskAlign == kLanes).
-          const uint8_t* mask = SegmentMask(tiles, seg, rt, padded);
+          // One mask row for the tile's rows; padded == its length (kMaskAlign == kLanes).
+          const uint8_t* mask = SegmentMask(tiles, seg);
           for (int64_t bk = 0; bk < blocks; ++bk) {
             const int64_t r0 = bk * kBlockRows;
             product(qf.data() + r0 * hd, hd, kth + seg.start, ldk, hd, padded, s.data(), padded,
                     nullptr);
             for (int64_t r = 0; r < kBlockRows; ++r) {
-              // Rows past `rows` may lie past the tile's mask (a tile edge not a multiple of
-              // kBlockRows): they go unmasked, and are never stored.
-              const bool masked = mask != nullptr && r0 + r < rows;
-              alpha[r] = softmax(s.data() + r * padded, padded,
-                                 masked ? mask + (r0 + r) * padded : nullptr, factor, &m[r0 + r],
+              alpha[r] = softmax(s.data() + r * padded, padded, mask, factor, &m[r0 + r],
                                  &l[r0 + r], p.data() + r * padded);
             }
             product(p.data(), padded, vh + seg.start * ldv, ldv, seg.length, hdp,

@@ -90,19 +90,18 @@ ExpertRoutes RouteTopK(const torch::Tensor& logits, const torch::Tensor& bias, i
 torch::Tensor AddRoutedRows(torch::Tensor& out, const ExpertRoutes& r, const torch::Tensor& y,
                             const torch::Tensor& residual = {});
 
-// One layout's attention as TileAttention walks it: for each query tile, the runs of keys it
-// attends (in groups of TileShape::key_group keys: a group none of the tile's rows attends is
-// absent; consecutive ones merged into one segment of at most kMaxSegmentTokens keys), each with a
-// mask of its allowed pairs unless all are allowed. Built once per layout with the plan
-// (model/attention.cc); immutable after, so shared by every thread.
+// One layout's attention as TileAttention walks it: query tiles of consecutive rows that attend
+// the same keys, and for each the runs of keys it attends (segments of at most kMaxSegmentTokens
+// keys), each with a mask where a key it covers, or its lane padding, is not attended. Built once
+// per layout with the plan (model/attention.cc); immutable after, so shared by every thread.
 struct AttentionTiles {
   struct Segment {
-    int64_t start = 0;     // first key token
+    int64_t start = 0;     // first key token: even (the bf16 brgemm reads keys in pairs)
     int64_t length = 0;    // keys
     int64_t mask_at = -1;  // offset of its mask in `masks`, or -1: every pair allowed
   };
-  // A segment's mask: `block` rows (the query tile's) of PadToLanes(length) bytes, 1 = allowed,
-  // 0 past `length`.
+  // A segment's mask: one row of MaskRow(length) bytes that every query row of its tile shares,
+  // 1 = allowed, 0 past `length`.
   static constexpr int64_t kMaskAlign = 16;
   static int64_t MaskRow(int64_t length) {
     return (length + kMaskAlign - 1) / kMaskAlign * kMaskAlign;
@@ -113,8 +112,9 @@ struct AttentionTiles {
   // bench medium B8 bf16 1.011.
   static constexpr int64_t kMaxSegmentTokens = 512;
 
-  int64_t block = 0;  // query tile edge in tokens
+  int64_t block = 0;  // the most query rows of a tile
   int64_t q_len = 0, kv_len = 0;
+  std::vector<int64_t> rows;   // [query tiles + 1]: tile i is query rows [rows[i], rows[i+1])
   std::vector<int64_t> first;  // [query tiles + 1]: tile i's segments are [first[i], first[i+1])
   std::vector<Segment> segments;
   std::vector<uint8_t> masks;
@@ -135,19 +135,10 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                             AttentionIsa isa = AttentionIsa::kBest, const torch::Tensor& gate = {},
                             const torch::Tensor& gate_bias = {});
 
-// The tiles TileAttention runs best on, for heads of `dtype` and `head_dim` planned from a mask
-// of `block`-token tiles: query tiles of `rows` tokens (a divisor of block) and key segments made
-// of the `key_group`-key groups their rows attend: 16-key groups, and tiles of 32 rows on float32
-// FMAs, of 64 on the bf16 brgemm (its products measured best on 64-128-row tasks on AMX, stop 23).
-// A chunk-causal mask's 128-token tiles are half empty pairs (bench config, small layout: 52 % of
-// the pairs computed allowed), 32 x 16 pieces 80 %: whole 128-token tiles on the bf16 brgemm took
-// 1.35x the time of 64 x 16 pieces there (B8, Zen 4), and the same at the bench layout (stop 51).
-// Thread-safe.
-struct TileShape {
-  int64_t rows = 0;
-  int64_t key_group = 0;
-};
-TileShape TileAttentionShape(torch::ScalarType dtype, int64_t head_dim, int64_t block);
+// The most query rows of a tile TileAttention runs best on, for heads of `dtype` and `head_dim`:
+// 32 on float32 FMAs, 64 on the bf16 brgemm (its products measured best on 64-128-row tasks on
+// AMX, stop 23). Thread-safe.
+int64_t TileAttentionRows(torch::ScalarType dtype, int64_t head_dim);
 
 // bf16 heads at least this wide take the bf16 brgemm in TileAttention where the CPU has it. AMX's
 // products are 32 deep, so a head of 16 pads q·kᵀ to twice its depth; at stop 23 that made the

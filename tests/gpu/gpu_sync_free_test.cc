@@ -101,7 +101,8 @@ AttentionPlan Plan(torch::Device device, torch::ScalarType dt, MaskRule* rule, i
   *rule = ChunkCausalRule(tags);
   *length = tags.length();
   // The head dim only picks TileAttention's tiles on the CPU; the groups serve any.
-  return BuildAttentionPlan(*BuildBlockMask(*rule, tags, tags, 16), *rule, device, dt, 128);
+  return BuildAttentionPlan(*BuildBlockMask(*rule, tags, tags, 16), *rule, tags, tags, device, dt,
+                            128);
 }
 
 TEST(GpuSyncFreeTest, PartialTilesRunTheEfficientKernelEqualDenseAndCapture) {
