@@ -48,7 +48,7 @@ struct AttentionPlan {
   // and never on CUDA (there the groups run; UseDense's costs are CPU measurements).
   torch::Tensor dense_bias;
   int64_t group_pairs = 0;  // query-key pairs the groups compute (full and partial tiles)
-  // On the CPU at head dims up to TileAttentionMaxHeadDim: every segment of key tiles for
+  // On the CPU at head dims up to TileAttentionMaxHeadDim: the query tiles and key segments for
   // cpu::TileAttention, which then runs the whole attention (the plan has no groups, no bias).
   cpu::AttentionTiles tiles;
 
