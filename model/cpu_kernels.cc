@@ -1552,10 +1552,14 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
                   q.stride(3) == 1 && scale > 0,
               "cpu::TileAttention: expected CPU q [B, H, T, hd] and k, v [B, kvH, T, hd] of one "
               "dtype, kvH dividing H, q's last stride 1, and a positive scale");
-  TORCH_CHECK(t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
-                  tiles.rows.size() == tiles.first.size() && tiles.rows.size() >= 2 &&
-                  tiles.rows.front() == 0 && tiles.rows.back() == t,
-              "cpu::TileAttention: tiles of another layout");
+  // Tiles that cover the rows in order, none longer than `block`: every output row is written.
+  const auto misplaced = [&](int64_t a, int64_t z) { return z < a || z - a > tiles.block; };
+  TORCH_CHECK(
+      t == tiles.q_len && k.size(2) == tiles.kv_len && tiles.block > 0 &&
+          tiles.rows.size() == tiles.first.size() && tiles.rows.size() >= 2 &&
+          tiles.rows.front() == 0 && tiles.rows.back() == t &&
+          std::adjacent_find(tiles.rows.begin(), tiles.rows.end(), misplaced) == tiles.rows.end(),
+      "cpu::TileAttention: tiles of another layout");
   TORCH_CHECK(!gate.defined() || (gate.dim() == 3 && gate.size(0) == b && gate.size(1) == t &&
                                   gate.size(2) == h && gate.scalar_type() == q.scalar_type()),
               "cpu::TileAttention: expected gate logits [B, T, H] of q's dtype");

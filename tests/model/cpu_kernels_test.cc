@@ -630,6 +630,12 @@ TEST(TileAttentionTest, RowsWithNoAllowedKeyAndTilesWithNoSegmentAreZero) {
   }
   EXPECT_THROW(cpu::TileAttention(q.narrow(2, 0, 16), k, v, tiles, 0.25), c10::Error)
       << "tiles of another layout";
+  cpu::AttentionTiles unordered = tiles;
+  unordered.rows = {0, 12, 8, 16, 20};
+  EXPECT_THROW(cpu::TileAttention(q, k, v, unordered, 0.25), c10::Error) << "rows out of order";
+  cpu::AttentionTiles longer = tiles;
+  longer.block = 4;
+  EXPECT_THROW(cpu::TileAttention(q, k, v, longer, 0.25), c10::Error) << "a tile past its block";
   EXPECT_THROW(
       cpu::TileAttention(q, k, v, tiles, 0.25, cpu::AttentionIsa::kBest, torch::randn({1, t, 3})),
       c10::Error)
