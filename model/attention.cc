@@ -169,10 +169,10 @@ constexpr int64_t kTileRowStep = 16;
 // query range (rows that attend the same key ranges; a range of rows that attend none is one too)
 // split into tiles of at most `rows` rows, as few as fit and as even as kTileRowStep allows, each
 // tile's segments its range's key ranges cut at kMaxSegmentTokens, each from an even key (the bf16
-// brgemm reads keys in pairs) and masked (one row its tile's rows share) where it starts before its
-// keys or its lane padding passes them. The pairs computed are the allowed ones but for that
-// padding (bench config, small layout: 91 % allowed, against 78-80 % for 32- or 64-row tiles of
-// 16-key groups cut from the mask's tiles).
+// brgemm reads keys in pairs) and masked (one row every row of the range's tiles shares) where it
+// starts before its keys or its lane padding passes them. The pairs computed are the allowed ones
+// but for that padding (bench config, small layout: 91 % allowed, against 78-80 % for 32- or 64-row
+// tiles of 16-key groups cut from the mask's tiles).
 cpu::AttentionTiles BuildTiles(const std::vector<AllowedBlock>& blocks, int64_t q_len,
                                int64_t kv_len, int64_t rows) {
   using Tiles = cpu::AttentionTiles;
@@ -181,30 +181,33 @@ cpu::AttentionTiles BuildTiles(const std::vector<AllowedBlock>& blocks, int64_t 
   tiles.kv_len = kv_len;
   tiles.rows.push_back(0);
   tiles.first.push_back(0);
-  // Query rows [begin, end), attending keys blocks[b0, b1) (none where b0 == b1), as tiles.
+  // Query rows [begin, end), attending keys blocks[b0, b1) (none where b0 == b1), as tiles that
+  // share the range's segments and their masks.
   auto add_range = [&](int64_t begin, int64_t end, size_t b0, size_t b1) {
+    std::vector<Tiles::Segment> segments;
+    for (size_t b = b0; b < b1; ++b) {
+      const int64_t keys = blocks[b].kv_begin, keys_end = blocks[b].kv_end;
+      for (int64_t start = keys / 2 * 2; start < keys_end; start += Tiles::kMaxSegmentTokens) {
+        Tiles::Segment seg{.start = start,
+                           .length = std::min(Tiles::kMaxSegmentTokens, keys_end - start)};
+        const int64_t lead = std::max<int64_t>(keys - start, 0);
+        const int64_t row = Tiles::MaskRow(seg.length);
+        if (lead > 0 || row != seg.length) {
+          seg.mask_at = static_cast<int64_t>(tiles.masks.size());
+          tiles.masks.resize(seg.mask_at + row, 0);
+          std::fill(tiles.masks.begin() + seg.mask_at + lead,
+                    tiles.masks.begin() + seg.mask_at + seg.length, 1);
+        }
+        segments.push_back(seg);
+      }
+    }
     const int64_t n = end - begin, parts = (n + rows - 1) / rows;
     const int64_t per_part = (n + parts - 1) / parts;
     const int64_t step = (per_part + kTileRowStep - 1) / kTileRowStep * kTileRowStep;
     for (int64_t tile_begin = begin; tile_begin < end; tile_begin += step) {
       const int64_t tile_end = std::min(end, tile_begin + step);
-      tiles.block = std::max(tiles.block, tile_end - tiles.rows.back());
-      for (size_t b = b0; b < b1; ++b) {
-        const int64_t keys = blocks[b].kv_begin, keys_end = blocks[b].kv_end;
-        for (int64_t start = keys / 2 * 2; start < keys_end; start += Tiles::kMaxSegmentTokens) {
-          Tiles::Segment seg{.start = start,
-                             .length = std::min(Tiles::kMaxSegmentTokens, keys_end - start)};
-          const int64_t lead = std::max<int64_t>(keys - start, 0);
-          const int64_t row = Tiles::MaskRow(seg.length);
-          if (lead > 0 || row != seg.length) {
-            seg.mask_at = static_cast<int64_t>(tiles.masks.size());
-            tiles.masks.resize(seg.mask_at + row, 0);
-            std::fill(tiles.masks.begin() + seg.mask_at + lead,
-                      tiles.masks.begin() + seg.mask_at + seg.length, 1);
-          }
-          tiles.segments.push_back(seg);
-        }
-      }
+      tiles.block = std::max(tiles.block, tile_end - tile_begin);
+      tiles.segments.insert(tiles.segments.end(), segments.begin(), segments.end());
       tiles.rows.push_back(tile_end);
       tiles.first.push_back(static_cast<int64_t>(tiles.segments.size()));
     }
