@@ -5,6 +5,7 @@
 #include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/intrusive_ptr.h>
@@ -1102,8 +1103,11 @@ torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {
 
 void RunTasks(int64_t count, const std::function<void(int64_t)>& task) {
   std::atomic<int64_t> next{0};
+  const bool inference = c10::InferenceMode::is_enabled();
   at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-    // Grad mode is thread-local: the caller's guard does not reach the other threads.
+    // Inference and grad mode are thread-local: the caller's guards do not reach the other
+    // threads (a task's LibTorch ops would bump an inference tensor's version outside the mode).
+    c10::InferenceMode inference_mode(inference);
     c10::AutoGradMode no_grad(false);
     for (int64_t i = next++; i < count; i = next++) task(i);
   });

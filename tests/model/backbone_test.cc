@@ -240,7 +240,8 @@ TEST(BackboneTest, ASixteenBitModelComputedInFloat32IsTheFloat32ModelOfItsWeight
   auto want = (*reference)->Forward(in);
   auto got = (*converted)->Forward(in);
   auto rounded = (*kept)->Forward(in);
-  ASSERT_TRUE(want.ok() && got.ok() && rounded.ok());
+  ASSERT_TRUE(want.ok() && got.ok() && rounded.ok())
+      << want.status() << got.status() << rounded.status();
   EXPECT_EQ(got->velocity.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(got->velocity, want->velocity));
   EXPECT_TRUE(torch::equal(got->cond, want->cond));
