@@ -479,11 +479,11 @@ PRAXIS_AVX512 float HorizontalSum(__m512 x) {
 
 // Fits of 2^f on [0, 1), highest coefficient first (least squares in relative error at Chebyshev
 // nodes): degree 5, relative error 1.6e-7 (evaluated in float32), for float32 probabilities;
-// degree 4, 2.7e-6, where they are rounded to bf16 (2^-9) before use.
+// degree 3, 7.7e-5, where they are rounded to bf16 (2^-9) before use: 25x inside that rounding.
 constexpr float kExp2Fit5[] = {1.8762329128e-03f, 8.9925844222e-03f, 5.5823605508e-02f,
                                2.4015453458e-01f, 6.9315296412e-01f, 9.9999994040e-01f};
-constexpr float kExp2Fit4[] = {1.3520603068e-02f, 5.2037429065e-02f, 2.4142749608e-01f,
-                               6.9300663471e-01f, 1.0000025034e+00f};
+constexpr float kExp2Fit3[] = {7.7907167375e-02f, 2.2623319924e-01f, 6.9577711821e-01f,
+                               9.9992781878e-01f};
 
 // Where Exp2Avx512 clamps x: 2^-64 in place of any smaller p changes nothing that a row's sum
 // (at least its max term, about 1) could hold in float32 (2^-24), over fewer than 2^40 keys; and
@@ -615,8 +615,8 @@ inline __attribute__((target("avx512f,avx512vl,avx512bw"), always_inline)) __m51
 
 // SiluMulRowAvx512 rounded to bf16, in one pass from bf16 rows or float32 sums (T: uint16_t bf16
 // bits or float; each vector converted on load and rounded once on store): as the result is
-// rounded to bf16 (2^-9), e^-a takes kExp2Fit4 on one product by log2 e and 1 / (1 + e^-a)
-// vrcp14ps alone (relative errors 2.7e-6, <= 6e-6 and 2^-14, all well inside the rounding).
+// rounded to bf16 (2^-9), e^-a takes kExp2Fit3 on one product by log2 e and 1 / (1 + e^-a)
+// vrcp14ps alone (relative errors 7.7e-5, <= 6e-6 and 2^-14, all well inside the rounding).
 // Converting bf16 rows to float32 buffers and back around the float32 kernel took 1.4x its time;
 // the bf16 SwiGLU's float32 sums went through SiluMulRowAvx512 and a rounding pass (stop 51).
 template <typename T>
@@ -630,7 +630,7 @@ __attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void Si
     // -a capped as in SiluMulRowAvx512 (a NaN becomes the cap and stays NaN through x).
     const __m512 neg =
         _mm512_mask_max_ps(x, kAll, _mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-87.0f));
-    const __m512 d = _mm512_add_ps(one, Exp2Avx512(_mm512_mul_ps(neg, log2e), kAll, kExp2Fit4));
+    const __m512 d = _mm512_add_ps(one, Exp2Avx512(_mm512_mul_ps(neg, log2e), kAll, kExp2Fit3));
     __m512 r = _mm512_maskz_rcp14_ps(kAll, d);
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(d, inf, _CMP_EQ_OQ), _mm512_setzero_ps());
     StoreBf16Lanes(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, r), LoadLanes(b + i, m)));
@@ -764,7 +764,7 @@ PRAXIS_AVX512 float SoftmaxRowAvx512(const float* s, int64_t padded, const uint8
 }
 
 // ExpRowToFloat's pass with p rounded to bf16 (to nearest even, by the CPU's AVX512-BF16
-// conversion, which HasBf16Brgemm asks for); the exp to kExp2Fit4, inside that rounding.
+// conversion, which HasBf16Brgemm asks for); the exp to kExp2Fit3, inside that rounding.
 template <bool kMasked>
 __attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16Pass(
     const float* s, int64_t padded, const uint8_t* mask, float scale, float m, at::BFloat16* p) {
@@ -772,14 +772,14 @@ __attribute__((target("avx512f,avx512dq,avx512bf16"))) float ExpRowToBf16Pass(
   __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
   int64_t c = 0;
   for (; c + 2 * kLanes <= padded; c += 2 * kLanes) {
-    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit4);
-    const __m512 e1 = MaskedExp<kMasked>(s, mask, c + kLanes, factor, shift, kExp2Fit4);
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit3);
+    const __m512 e1 = MaskedExp<kMasked>(s, mask, c + kLanes, factor, shift, kExp2Fit3);
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
     _mm512_storeu_si512(p + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
   }
   if (c < padded) {
-    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit4);
+    const __m512 e0 = MaskedExp<kMasked>(s, mask, c, factor, shift, kExp2Fit3);
     sum0 = _mm512_add_ps(sum0, e0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e0)));
