@@ -67,6 +67,8 @@ class AnswerChain {
   bool last() const { return responder_.has_value() && responder_->finished(); }
   void WriteDone() { clock_->WriteDone(); }
   void CallDone() { clock_->CallDone(); }
+  // gRPC cancelled the call; a queued step sees it through its `cancelled` flag.
+  void Cancelled() { ctx_.CountCancelledCall(); }
 
   // Ends the step: its metrics, and the answer's budget released.
   void Finish(const absl::Status& s) {
@@ -112,7 +114,10 @@ class StepReactor final : public grpc::ServerWriteReactor<v1::StepResponse> {
     if (!ok) return End(absl::CancelledError("the client went away mid-stream"));
     WriteNext();
   }
-  void OnCancel() override { cancelled_->store(true); }
+  void OnCancel() override {
+    cancelled_->store(true);
+    chain_.Cancelled();
+  }
   void OnDone() override {
     chain_.CallDone();
     delete this;
@@ -203,7 +208,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1:
     if (!chain_.answering()) return ReadNext();  // a StepError was written
     WriteNext();
   }
-  void OnCancel() override { cancelled_->store(true); }
+  void OnCancel() override {
+    cancelled_->store(true);
+    chain_.Cancelled();
+  }
   void OnDone() override {
     chain_.CallDone();
     self_.reset();  // may delete this
@@ -302,8 +310,8 @@ void PraxisService::StartDrain() {
 bool PraxisService::WaitForAnswers(absl::Time deadline) { return pending_.AwaitEmpty(deadline); }
 
 ServiceCounts PraxisService::counts() const {
-  return {accepted_.load(), answered_ok_.load(), watchdog_.cancelled(), pending_.used(),
-          session_texts_.used()};
+  return {accepted_.load(),        answered_ok_.load(), watchdog_.cancelled(),
+          cancelled_calls_.load(), pending_.used(),     session_texts_.used()};
 }
 
 absl::Status PraxisService::Authenticate(const grpc::CallbackServerContext& ctx,

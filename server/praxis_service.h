@@ -50,6 +50,7 @@ struct ServiceCounts {
   int64_t accepted = 0;
   int64_t answered_ok = 0;
   int64_t write_timeouts = 0;          // calls cancelled for a stalled reader
+  int64_t cancelled_calls = 0;         // calls gRPC cancelled: the client, a deadline or the above
   int64_t pending_response_bytes = 0;  // answer bytes held for readers now
   int64_t session_text_bytes = 0;      // texts kept by sessions now
 };
@@ -88,6 +89,8 @@ class StepContext {
   virtual bool draining() const = 0;
   // Called by a reactor when it has written a whole answer.
   virtual void CountAnsweredOk() = 0;
+  // Called by a reactor when gRPC cancels its call (the client, its deadline or the watchdog).
+  virtual void CountCancelledCall() = 0;
 };
 
 // praxis.v1.Praxis. Each step is validated and costed in its reaction (nothing invalid or over
@@ -132,6 +135,7 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
   WriteWatchdog& watchdog() override { return watchdog_; }
   bool draining() const override { return draining_.load(); }
   void CountAnsweredOk() override { ++answered_ok_; }
+  void CountCancelledCall() override { ++cancelled_calls_; }
 
   absl::Status Admit(const v1::StepRequest& request, absl::Time deadline,
                      std::shared_ptr<const std::atomic<bool>> cancelled, StepTask::Done& done,
@@ -155,6 +159,7 @@ class PraxisService final : public v1::Praxis::CallbackService, private StepCont
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> answered_ok_{0};
+  std::atomic<int64_t> cancelled_calls_{0};
   absl::Mutex sessions_mu_;
   std::vector<std::weak_ptr<SessionReactor>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
 };

@@ -281,15 +281,22 @@ TEST_F(ServerTest, ExpiredDeadlineIsAnsweredAndNeverComputed) {
   absl::StatusOr<StepReply> first = absl::UnknownError("");
   std::thread runner([&] { first = Step(Request(kLayouts[0], 2)); });
   ASSERT_TRUE(fake_->WaitEntered(entered + 1));
+  const int64_t cancelled_before = server_->service_counts().cancelled_calls;
+  const batching::BatcherStats dropped_before = server_->batcher_stats();
   const absl::StatusOr<StepReply> late = Step(Request(kLayouts[1], 3), absl::Milliseconds(300));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  // The client's deadline passes before the server's (which starts at arrival): open the gate
+  // only once the server has seen the call end, by its own deadline or the client's cancel.
+  ASSERT_TRUE(
+      Eventually([&] { return server_->service_counts().cancelled_calls > cancelled_before; }));
   fake_->Open();
   runner.join();
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 0; }));
   EXPECT_EQ(fake_->rows_run(), rows_before + 1);  // the first request only
   EXPECT_EQ(*fixtures::Sample(Metrics(), "praxis_computed_rows_total"), computed_before + 1);
-  EXPECT_GE(server_->batcher_stats().expired, 1);
+  const batching::BatcherStats after = server_->batcher_stats();
+  EXPECT_EQ(after.expired + after.cancelled, dropped_before.expired + dropped_before.cancelled + 1);
 }
 
 TEST_F(ServerTest, CancelledWhileQueuedIsNeverComputed) {
@@ -310,9 +317,13 @@ TEST_F(ServerTest, CancelledWhileQueuedIsNeverComputed) {
     cancelled_status = reader->Finish();
   });
   ASSERT_TRUE(Eventually([&] { return server_->batcher_stats().queued_requests == 1; }));
+  const int64_t cancelled_before = server_->service_counts().cancelled_calls;
   ctx.TryCancel();
   cancelled.join();
   EXPECT_EQ(cancelled_status.error_code(), grpc::StatusCode::CANCELLED);
+  // The client's cancel reaches the server later: open the gate once it has.
+  ASSERT_TRUE(
+      Eventually([&] { return server_->service_counts().cancelled_calls > cancelled_before; }));
   fake_->Open();
   runner.join();
   ASSERT_TRUE(first.ok()) << first.status();
