@@ -30,8 +30,10 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numbers>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -1046,6 +1048,62 @@ torch::Tensor Modulate(const torch::Tensor& x_in, const torch::Tensor& shift_in,
     });
   });
   return y;
+}
+
+torch::Tensor FourierFeatures(const torch::Tensor& t_in, const torch::Tensor& freqs,
+                              const torch::Tensor& phases, torch::ScalarType dtype) {
+  const int64_t d = freqs.numel();
+  TORCH_CHECK(!t_in.is_cuda() && freqs.scalar_type() == torch::kFloat32 &&
+                  phases.scalar_type() == torch::kFloat32 && phases.numel() == d,
+              "cpu::FourierFeatures: expected CPU times and float32 freqs, phases of one size");
+  const torch::Tensor t = t_in.to(torch::kFloat32).contiguous();
+  const torch::Tensor f = freqs.contiguous(), ph = phases.contiguous();
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape.push_back(d);
+  torch::Tensor y = torch::empty(shape, t.options().dtype(dtype));
+  const float* tp = t.const_data_ptr<float>();
+  const float* fp = f.const_data_ptr<float>();
+  const float* pp = ph.const_data_ptr<float>();
+  // The reference's float32 ops in its order: (t·freqs + phases), times 2π, cos, times 0.5.
+  const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
+  std::vector<float> row(d);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "FourierFeatures", [&] {
+    scalar_t* dst = y.mutable_data_ptr<scalar_t>();
+    for (int64_t r = 0; r < t.numel(); ++r) {
+      for (int64_t i = 0; i < d; ++i) {
+        const float angle = two_pi * (tp[r] * fp[i] + pp[i]);
+        row[i] = 0.5F * std::cos(angle);
+      }
+      Store(row.data(), dst + r * d, d);
+    }
+  });
+  return y;
+}
+
+std::pair<torch::Tensor, torch::Tensor> ShiftAndScale(const torch::Tensor& mod_in) {
+  TORCH_CHECK(!mod_in.is_cuda() && mod_in.dim() >= 1 && mod_in.size(-1) % 2 == 0,
+              "cpu::ShiftAndScale: expected a CPU tensor of an even last dimension");
+  const torch::Tensor mod = mod_in.stride(-1) == 1 ? mod_in : mod_in.contiguous();
+  const int64_t dim = mod.size(-1) / 2, rows = mod.numel() / std::max<int64_t>(1, 2 * dim);
+  std::vector<int64_t> shape(mod.sizes().begin(), mod.sizes().end());
+  shape.back() = dim;
+  torch::Tensor shift = torch::empty(shape, mod.options().dtype(torch::kFloat32));
+  torch::Tensor scale = torch::empty(shape, mod.options().dtype(torch::kFloat32));
+  // Rows of a multi-dimensional mod in order: their offsets from its leading strides.
+  const torch::Tensor m2 = mod.reshape({rows, 2 * dim});
+  const int64_t stride = m2.stride(0);
+  float* sh = shift.mutable_data_ptr<float>();
+  float* sc = scale.mutable_data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mod.scalar_type(), "ShiftAndScale",
+                                  [&] {
+                                    const scalar_t* src = m2.const_data_ptr<scalar_t>();
+                                    for (int64_t r = 0; r < rows; ++r) {
+                                      Load(src + r * stride, sh + r * dim, dim);
+                                      Load(src + r * stride + dim, sc + r * dim, dim);
+                                      for (int64_t i = 0; i < dim; ++i) sc[r * dim + i] += 1.0F;
+                                    }
+                                  });
+  return {shift, scale};
 }
 
 torch::Tensor SiluMul(const torch::Tensor& a_in, const torch::Tensor& b_in) {

@@ -48,6 +48,18 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
 torch::Tensor Modulate(const torch::Tensor& x, const torch::Tensor& shift,
                        const torch::Tensor& scale, const torch::Tensor& out = {});
 
+// 0.5·cos(2π(t·freqs + phases)) for flow times t (a CPU float tensor [...], any strides) and
+// float32 freqs, phases [d], in float32 rounded once to `dtype`: the time embedding's Fourier
+// features, already in its projection's dtype, in one pass where ATen ops take seven dispatches
+// for a few hundred values (a B1 step has three such). Returns contiguous [..., d].
+torch::Tensor FourierFeatures(const torch::Tensor& t, const torch::Tensor& freqs,
+                              const torch::Tensor& phases, torch::ScalarType dtype);
+
+// The time modulation's shift and 1 + scale in float32, from its projection's output mod
+// [..., 2·dim] (a CPU float tensor, unit-stride rows) whose halves they are: one pass where a
+// split, two conversions and an add took four dispatches. Returns two contiguous [..., dim].
+std::pair<torch::Tensor, torch::Tensor> ShiftAndScale(const torch::Tensor& mod);
+
 // silu(a) · b elementwise (the SwiGLU gate), read and written in one pass: a, b CPU tensors of one
 // shape and dtype, any strides (the gate and up halves of one projection are served as views).
 // Returns a contiguous tensor of that shape and dtype.

@@ -16,14 +16,26 @@ torch::ScalarType ModulationDtype(const BackboneConfig& c) {
   return *ParseDtype(c.modulation_dtype);
 }
 
+// (shift, 1 + scale_raw) in the modulation dtype, each [..., dim], from a modulation projection's
+// output mod [..., 2·dim]. On the CPU in float32 in one pass (a B1 step's smallest ops cost their
+// dispatches, not their arithmetic).
+std::pair<torch::Tensor, torch::Tensor> ShiftAndScale(const BackboneConfig& c,
+                                                      const torch::Tensor& mod) {
+  const torch::ScalarType mdt = ModulationDtype(c);
+  if (!mod.is_cuda() && mdt == torch::kFloat32) return cpu::ShiftAndScale(mod);
+  const auto parts = mod.split(c.dim, -1);
+  return {parts[0].to(mdt), 1.0 + parts[1].to(mdt)};
+}
+
 // (shift, 1 + scale_raw) of flow times t [...] in the modulation dtype, each [..., dim].
 std::pair<torch::Tensor, torch::Tensor> TimeModulation(const BackboneConfig& c,
                                                        const TowerWeights& w,
                                                        const torch::Tensor& t) {
-  const torch::Tensor mod = Linear(FourierFeatures(t, w.freqs, w.phases), w.t_proj_w, w.t_proj_b);
-  const auto parts = mod.split(c.dim, -1);
-  const torch::ScalarType mdt = ModulationDtype(c);
-  return {parts[0].to(mdt), 1.0 + parts[1].to(mdt)};
+  // On the CPU the features come in one pass, in the projection's dtype.
+  const torch::Tensor features =
+      t.is_cuda() ? FourierFeatures(t, w.freqs, w.phases)
+                  : cpu::FourierFeatures(t, w.freqs, w.phases, w.t_proj_w.scalar_type());
+  return ShiftAndScale(c, Linear(features, w.t_proj_w, w.t_proj_b));
 }
 
 // Chunk k of tokens [B, K·chunk_tokens, dim] modulated with timesteps[:, k] (broadcast over the
@@ -190,11 +202,11 @@ torch::Tensor RunDecoder(const DecoderWeights& w, const TowerContext& ctx,
   for (const BlockWeights& bw : tw.blocks) {
     // The per-token modulation runs on the coarse grid and is broadcast over each ph x pw patch
     // of the fine grid: token (f, row·ph + i, col·pw + j) reads (f, row, col).
-    const auto sr = Linear(cond, bw.mod_w, bw.mod_b).split(c.dim, -1);  // [B, KF, h, w, dim]
-    auto patches = [&](const torch::Tensor& m) { return m.to(mdt).unsqueeze(3).unsqueeze(5); };
+    const auto [shift, scale] = ShiftAndScale(c, Linear(cond, bw.mod_w, bw.mod_b));
+    auto patches = [](const torch::Tensor& m) { return m.unsqueeze(3).unsqueeze(5); };
     Sequence modulated(b, r + n, c.dim, options);
     modulated.Next(r).copy_(x.narrow(1, 0, r));
-    Modulate(x.narrow(1, r, n).view(fine), patches(sr[0]), 1.0 + patches(sr[1]), mdt,
+    Modulate(x.narrow(1, r, n).view(fine), patches(shift), patches(scale), mdt,
              modulated.Next(n).view(fine));
     x = Block(ctx, bw, std::move(modulated).Done());
   }

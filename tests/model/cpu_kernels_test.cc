@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numbers>
 #include <thread>
 #include <vector>
 
@@ -353,6 +354,40 @@ TEST(CpuKernelsTest, ModulateEqualsShiftPlusXTimesScaleInFloat32) {
   EXPECT_THROW(
       cpu::Modulate(torch::randn({2, 8}), torch::randn({8}, torch::kBFloat16), torch::randn({8})),
       c10::Error);
+}
+
+TEST(CpuKernelsTest, TimeModulationPiecesEqualTheirAtenOps) {
+  torch::manual_seed(6);
+  // Flow times of every dtype and a strided view; features in every projection dtype.
+  const torch::Tensor freqs = torch::randn({24}) * 3, phases = torch::rand({24});
+  const torch::Tensor times = torch::rand({2, 6}).narrow(1, 1, 3);
+  for (auto t_dt : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor t = times.to(t_dt);
+    const torch::Tensor want =
+        0.5 *
+        torch::cos(2.0 * std::numbers::pi * (t.to(torch::kFloat32).unsqueeze(-1) * freqs + phases));
+    for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      const torch::Tensor got = cpu::FourierFeatures(t, freqs, phases, dt);
+      EXPECT_EQ(got.scalar_type(), dt);
+      EXPECT_EQ(got.sizes(), (std::vector<int64_t>{2, 3, 24}));
+      // float32: std::cos against ATen's vectorised cos (a few ulps of the angle's cosine); others:
+      // that, rounded once.
+      const double tol = dt == torch::kFloat32 ? 2e-6 : (dt == torch::kBFloat16 ? 2e-3 : 3e-4);
+      EXPECT_LE((got.to(torch::kFloat32) - want).abs().max().item<double>(), tol) << dt;
+    }
+  }
+  // The halves of a projection's output: exactly the split, converted, plus one.
+  for (auto dt : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    const torch::Tensor mod = torch::randn({2, 3, 2 * 16}).to(dt);
+    const auto [shift, scale] = cpu::ShiftAndScale(mod);
+    const auto parts = mod.split(16, -1);
+    EXPECT_TRUE(torch::equal(shift, parts[0].to(torch::kFloat32))) << dt;
+    EXPECT_TRUE(torch::equal(scale, 1.0 + parts[1].to(torch::kFloat32))) << dt;
+    EXPECT_EQ(shift.sizes(), (std::vector<int64_t>{2, 3, 16}));
+  }
+  EXPECT_THROW(cpu::ShiftAndScale(torch::randn({2, 7})), c10::Error);
+  EXPECT_THROW(cpu::FourierFeatures(times, freqs, phases.narrow(0, 0, 5), torch::kFloat32),
+               c10::Error);
 }
 
 // An encoder layout's CPU plan (float32 unless `dtype`) on a block size small enough that it has
