@@ -872,6 +872,18 @@ void SiluMulRowToBf16(float* a, const float* b, c10::BFloat16* y, int64_t n) {
   Store(a, y, n);
 }
 
+// ShiftAndScale's rows: each row's first dim values to shift, its next dim plus one to scale.
+template <typename T>
+void ShiftAndScaleRows(const T* src, int64_t stride, int64_t rows, int64_t dim, float* shift,
+                       float* scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    Load(src + r * stride, shift + r * dim, dim);
+    float* s = scale + r * dim;
+    Load(src + r * stride + dim, s, dim);
+    for (int64_t i = 0; i < dim; ++i) s[i] += 1.0F;
+  }
+}
+
 // Rows of at least this many elements in all are split across threads.
 constexpr int64_t kGrainElements = 16384;
 
@@ -1089,20 +1101,13 @@ std::pair<torch::Tensor, torch::Tensor> ShiftAndScale(const torch::Tensor& mod_i
   shape.back() = dim;
   torch::Tensor shift = torch::empty(shape, mod.options().dtype(torch::kFloat32));
   torch::Tensor scale = torch::empty(shape, mod.options().dtype(torch::kFloat32));
-  // Rows of a multi-dimensional mod in order: their offsets from its leading strides.
+  // Its rows one after another (a view where mod's leading dimensions allow).
   const torch::Tensor m2 = mod.reshape({rows, 2 * dim});
-  const int64_t stride = m2.stride(0);
   float* sh = shift.mutable_data_ptr<float>();
   float* sc = scale.mutable_data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mod.scalar_type(), "ShiftAndScale",
-                                  [&] {
-                                    const scalar_t* src = m2.const_data_ptr<scalar_t>();
-                                    for (int64_t r = 0; r < rows; ++r) {
-                                      Load(src + r * stride, sh + r * dim, dim);
-                                      Load(src + r * stride + dim, sc + r * dim, dim);
-                                      for (int64_t i = 0; i < dim; ++i) sc[r * dim + i] += 1.0F;
-                                    }
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, mod.scalar_type(), "ShiftAndScale",
+      [&] { ShiftAndScaleRows(m2.const_data_ptr<scalar_t>(), m2.stride(0), rows, dim, sh, sc); });
   return {shift, scale};
 }
 
