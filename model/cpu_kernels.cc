@@ -1811,10 +1811,12 @@ class WeightCopies {
     return MakeAllLocked(ws, form);
   }
 
-  // w's copy in `form` where one was made (and its weight lives); undefined otherwise.
-  torch::Tensor Find(const torch::Tensor& w, CopyForm form) {
+  // w's copy in `form` where one was made (and its weight lives); undefined otherwise. With
+  // `transposed`, the copy made of w's transpose over its last two dimensions, found without
+  // making that view (an op's dispatch, on every bf16 Linear and piece of a step).
+  torch::Tensor Find(const torch::Tensor& w, CopyForm form, bool transposed = false) {
     absl::MutexLock lock(&mu_);
-    const torch::Tensor* copy = FindLocked(w, form);
+    const torch::Tensor* copy = FindLocked(w, form, transposed);
     return copy == nullptr ? torch::Tensor() : *copy;
   }
 
@@ -1872,9 +1874,9 @@ class WeightCopies {
                                                    : static_cast<int64_t>(w.element_size()));
   }
 
-  const torch::Tensor* FindLocked(const torch::Tensor& w, CopyForm form)
+  const torch::Tensor* FindLocked(const torch::Tensor& w, CopyForm form, bool transposed = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = copies_.find(KeyOf(w, form));
+    auto it = copies_.find(KeyOf(w, form, transposed));
     return it == copies_.end() || it->second.storage.expired() ? nullptr : &it->second.copy;
   }
 
@@ -1891,10 +1893,15 @@ class WeightCopies {
   // nothing.
   using Dims = absl::InlinedVector<int64_t, 4>;
   using Key = std::tuple<const void*, int64_t, Dims, Dims, CopyForm>;
-  static Key KeyOf(const torch::Tensor& w, CopyForm form) {
-    return {w.storage().unsafeGetStorageImpl(), w.storage_offset(),
-            Dims(w.sizes().begin(), w.sizes().end()), Dims(w.strides().begin(), w.strides().end()),
-            form};
+  // With `transposed`, the key of w.transpose(-1, -2).
+  static Key KeyOf(const torch::Tensor& w, CopyForm form, bool transposed = false) {
+    Dims sizes(w.sizes().begin(), w.sizes().end()), strides(w.strides().begin(), w.strides().end());
+    if (transposed && w.dim() >= 2) {
+      std::swap(sizes[sizes.size() - 1], sizes[sizes.size() - 2]);
+      std::swap(strides[strides.size() - 1], strides[strides.size() - 2]);
+    }
+    return {w.storage().unsafeGetStorageImpl(), w.storage_offset(), std::move(sizes),
+            std::move(strides), form};
   }
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
@@ -2286,7 +2293,7 @@ bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int
     if constexpr (std::is_same_v<T, uint16_t>) {
       if (!o.has_value() || !HasBf16Brgemm()) return std::nullopt;
       torch::Tensor& pack = packs[n];
-      pack = WeightCopies::Get().Find(linear ? t.transpose(-1, -2) : t, CopyForm::kBrgemm);
+      pack = WeightCopies::Get().Find(t, CopyForm::kBrgemm, /*transposed=*/linear);
       if (!pack.defined()) return std::nullopt;
       o->packed = pack.const_data_ptr<at::BFloat16>() + (expert < 0 ? 0 : expert * o->k * o->n);
     }
@@ -2439,7 +2446,7 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
   const RowRuns& rruns = rs->second;
   torch::Tensor pack;  // a bf16 weight's packed copy (PackForBrgemm's, made at load), alive here
   if constexpr (kBf16) {
-    pack = WeightCopies::Get().Find(w.transpose(-1, -2), CopyForm::kBrgemm);
+    pack = WeightCopies::Get().Find(w, CopyForm::kBrgemm, /*transposed=*/true);
     if (!pack.defined()) return {};
     wt->packed = pack.const_data_ptr<at::BFloat16>();
   } else if (wt->layout.transposed) {
