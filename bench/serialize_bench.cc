@@ -121,8 +121,7 @@ Figure Time(const std::function<int64_t()>& run) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     gbps.push_back(static_cast<double>(bytes) / s / 1e9);
   }
-  const auto [least, most] = std::minmax_element(gbps.begin(), gbps.end());
-  return {bench::Median(gbps), *most / *least};
+  return {bench::Median(gbps), bench::Spread(gbps)};
 }
 
 void Run() {

@@ -22,4 +22,11 @@ inline double Quantile(std::vector<double> v, double q) {
 // Quantile(v, 0.5): of an even count the upper of the two middle elements.
 inline double Median(std::vector<double> v) { return Quantile(std::move(v), 0.5); }
 
+// max / min of v, how far a benchmark's repeats ranged; 0 for an empty v.
+inline double Spread(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  const auto [least, most] = std::minmax_element(v.begin(), v.end());
+  return *most / *least;
+}
+
 }  // namespace praxis::bench

@@ -1,5 +1,7 @@
 #include "model/step_validation.h"
 
+#include <ATen/Dispatch.h>
+
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -75,14 +77,29 @@ absl::Status CheckNoised(const BackboneConfig& c, const StepInputs& in) {
                absl::StrCat(h * c.ph(), " x ", w * c.pw()));
 }
 
+// Every value of the float tensor `t` within [lo, hi] (NaN is not): one pass on the CPU, where
+// requests are decoded (five ATen ops cost more than a step's few timesteps); ATen's ops elsewhere.
+bool AllWithin(const torch::Tensor& t, double lo, double hi) {
+  if (t.is_cuda()) return ((t >= lo) & (t <= hi)).all().item<bool>();
+  const torch::Tensor c = t.contiguous();
+  bool ok = true;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, c.scalar_type(), "AllWithin", [&] {
+    const scalar_t* p = c.const_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      const double v = static_cast<double>(p[i]);
+      ok = ok && v >= lo && v <= hi;
+    }
+  });
+  return ok;
+}
+
 // timesteps [B, K], finite, in [0, 1].
 absl::Status CheckTimesteps(const torch::Tensor& ts, int64_t b, int64_t k) {
   PRAXIS_RETURN_IF_ERROR(
       Check(ts.defined() && IsFloat(ts) && ts.dim() == 2 && ts.size(0) == b && ts.size(1) == k,
             "timesteps", absl::StrCat("a float tensor [", b, ", ", k, "]"), ShapeString(ts)));
   PRAXIS_RETURN_IF_ERROR(CheckFinite(ts, "timesteps"));
-  return Check(((ts >= 0) & (ts <= 1)).all().item<bool>(), "timesteps", "values in [0, 1]",
-               "a value outside");
+  return Check(AllWithin(ts, 0, 1), "timesteps", "values in [0, 1]", "a value outside");
 }
 
 // text [B, L, text_dim] with L within the text's position range.

@@ -367,6 +367,14 @@ TEST(BackboneTest, InvalidInputsNameTheField) {
   in = good;
   in.timesteps = good.timesteps + 2.0;
   expect_error(in, "timesteps");
+  in.timesteps = torch::full_like(good.timesteps, -0.25);
+  expect_error(in, "timesteps");
+  in.timesteps = torch::full_like(good.timesteps, 1.5).to(torch::kBFloat16);
+  expect_error(in, "timesteps");
+  in.timesteps = torch::ones_like(good.timesteps);  // the range's ends are in it
+  EXPECT_TRUE(model->Forward(in).ok());
+  in.timesteps = torch::zeros_like(good.timesteps);
+  EXPECT_TRUE(model->Forward(in).ok());
   in = good;
   in.text = torch::randn({1, 4, 47});
   expect_error(in, "text");
