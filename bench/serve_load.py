@@ -2,19 +2,20 @@
 """Served throughput under closed-loop load: praxis-server and praxis-load on loopback.
 
     serve_load.py [--build build] [--configs tiny,bench] [--layouts small,medium] [--callers 1,8]
-        [--batching on,off[,fixed]] [--repeats 3] [--duration 6] [--threads 0] [--transport unary] [--server_flags='...']
+        [--batching on,off[,fixed][,alone]] [--repeats 3] [--duration 6] [--threads 0] [--transport unary] [--server_flags='...']
         [--json out.json]
 
 For each config one server process per batching value, all started together (the embedded tiny
 model, or configs/bench.json with deterministic random weights; on: up to --max_batch_size=8 rows,
 each layout's batch size learned by the server (--batch_probe_every); fixed: full batches of up to
-8 rows whatever they cost (--batch_probe_every=0); off: --max_batch_size=1); for each layout
+8 rows whatever they cost (--batch_probe_every=0); alone: as on, one batch at a time
+(--concurrent_batches=1); off: --max_batch_size=1); for each layout
 `--repeats` rounds, each round one praxis-load run of `--duration` seconds (after a 2 s warm-up)
 per (batching, callers), taken in turns on the idle servers, in an order reversed every other
 round. Prints the CPU model, and per cell the median steps/s, the spread (max / min over the
 repeats), the median server CPU % (of one core, from /proc over the measured window) and the
 server's compute and queue p50; then per layout the ratios of runs in the same round: batching on
-/ off (and on / fixed) at each callers count and the largest callers count / the smallest at each
+/ off (and on / fixed, on / alone) at each callers count and the largest callers count / the smallest at each
 batching value (median, and min-max over the rounds), which this host's slow swings move far less
 than cells measured minutes apart. A benchmark, not a test: nothing is asserted.
 """
@@ -96,7 +97,7 @@ def round_ratios(config: str, layout: str, runs: dict[tuple[str, int], list[dict
     batchings = sorted({b for b, _ in runs})
     callers = sorted({c for _, c in runs})
     comparisons = []
-    for other in ("off", "fixed"):
+    for other in ("off", "fixed", "alone"):
         if {"on", other} <= set(batchings):
             comparisons += [(f"on/{other} {c} callers", ("on", c), (other, c)) for c in callers]
     if len(callers) > 1:
@@ -119,7 +120,8 @@ def main() -> int:
     p.add_argument("--callers", default="1,8")
     p.add_argument("--batching", default="on,off",
                    help="on: up to 8 rows, each layout's batch size learned (--batch_probe_every); "
-                        "fixed: up to 8 rows always (--batch_probe_every=0); off: 1 row")
+                        "fixed: up to 8 rows always (--batch_probe_every=0); alone: as on, one "
+                        "batch at a time (--concurrent_batches=1); off: 1 row")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--threads", type=int, default=0, help="server --threads (0: the cores)")
@@ -142,8 +144,10 @@ def main() -> int:
             servers: dict[str, Server] = {}
             try:
                 for batching in batchings:
-                    # fixed: full batches whatever they cost (the sizer off), as before stop 40.
-                    extra = (("--batch_probe_every=0",) if batching == "fixed" else ()) + tuple(a.server_flags.split())
+                    # fixed: full batches whatever they cost (the sizer off), as before stop 40;
+                    # alone: no batch beside another, as before stop 55.
+                    own = {"fixed": ("--batch_probe_every=0",), "alone": ("--concurrent_batches=1",)}
+                    extra = own.get(batching, ()) + tuple(a.server_flags.split())
                     servers[batching] = start_server(a.build, config, 1 if batching == "off" else 8,
                                                      a.threads, extra=extra)
                 for layout in a.layouts.split(","):

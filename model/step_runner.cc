@@ -41,11 +41,16 @@ void WantedToHost(BackboneOutput& out, const OutputSelection& wanted) {
 
 }  // namespace
 
-absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
-                                                       const OutputSelection& wanted) {
+absl::StatusOr<BackboneOutput> BackboneStepRunner::RunOnShare(const StepInputs& batch,
+                                                              const OutputSelection& wanted,
+                                                              int shares) {
   thread_local int applied = 0;
-  int threads = intra_op_threads_;
-  if (chooser_ != nullptr) {
+  // A batch beside others runs on one thread: a second team of intra-op threads would make
+  // libgomp's teams sleep between ops (model/cpu_runtime.h). The chooser times only the batches
+  // that run alone, whose rates compare.
+  const bool alone = shares <= 1;
+  int threads = alone || intra_op_threads_ == 0 ? intra_op_threads_ : 1;
+  if (chooser_ != nullptr && alone) {
     absl::MutexLock lock(&chooser_mu_);
     threads = chooser_->Next();
   }
@@ -59,7 +64,7 @@ absl::StatusOr<BackboneOutput> BackboneStepRunner::Run(const StepInputs& batch,
       graphs_ != nullptr ? graphs_->Run(batch) : model_->ForwardValidated(batch);
   if (!out.ok()) return out;
   if (!dev.is_cuda() && threads > 0) last_threads_.store(threads, std::memory_order_relaxed);
-  if (chooser_ != nullptr) {
+  if (chooser_ != nullptr && alone) {
     const double gflop =
         ComputeStepCost(config(), StepLayout(batch), batch.decode, batch.noised.size(0)).gflop();
     absl::MutexLock lock(&chooser_mu_);

@@ -28,9 +28,9 @@ struct IntraOpThreads {
   int64_t switches = 0;  // changes of the count (IntraOpThreadChooser) since start
 };
 
-// Runs one stacked batch of validated steps and describes the model. Implementations are called
-// by one batcher worker per device at a time, but the const accessors may be called from any
-// thread (metrics scrapes, model-info calls) and must be thread-safe.
+// Runs one stacked batch of validated steps and describes the model. Thread-safe: the batcher's
+// workers may run batches at once (on a CPU, each on its share of the cores), and the const
+// accessors are called from any thread (metrics scrapes, model-info calls).
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
@@ -40,8 +40,12 @@ class StepRunner {
   // have passed ValidateStep (the server checks each request before queueing); the LibTorch
   // runner does not check again. Internal for a runtime failure; an implementation that checks
   // anyway may return InvalidArgument.
-  virtual absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
-                                             const OutputSelection& wanted) = 0;
+  // `shares` > 1: the batch runs beside others on the same machine (the batcher's workers sharing
+  // the CPU's cores), on one intra-op thread; ignored on CUDA.
+  absl::StatusOr<BackboneOutput> Run(const StepInputs& batch, const OutputSelection& wanted,
+                                     int shares = 1) {
+    return RunOnShare(batch, wanted, shares);
+  }
   virtual MaskCacheStats mask_cache_stats() const = 0;
   // The text cache's counters (model/text_cache.h); all zero where there is none.
   virtual CacheStats text_cache_stats() const { return {}; }
@@ -54,6 +58,11 @@ class StepRunner {
   // The intra-op threads of the last CPU run and how often the count changed; nullopt on CUDA
   // or where the runner leaves the worker's count as it is.
   virtual std::optional<IntraOpThreads> intra_op_threads() const { return std::nullopt; }
+
+ protected:
+  // Run's work; shares >= 1.
+  virtual absl::StatusOr<BackboneOutput> RunOnShare(const StepInputs& batch,
+                                                    const OutputSelection& wanted, int shares) = 0;
 };
 
 // How BackboneStepRunner runs its model.
@@ -79,8 +88,6 @@ class BackboneStepRunner : public StepRunner {
   explicit BackboneStepRunner(std::unique_ptr<VideoBackbone> model, RunnerOptions options = {});
 
   const BackboneConfig& config() const override { return model_->config(); }
-  absl::StatusOr<BackboneOutput> Run(const StepInputs& batch,
-                                     const OutputSelection& wanted) override;
   MaskCacheStats mask_cache_stats() const override { return model_->mask_cache().stats(); }
   CacheStats text_cache_stats() const override { return model_->text_cache_stats(); }
   std::string device() const override;
@@ -88,6 +95,10 @@ class BackboneStepRunner : public StepRunner {
   std::optional<int64_t> device_memory_bytes() const override;
   std::optional<GraphStats> graph_stats() const override;
   std::optional<IntraOpThreads> intra_op_threads() const override;
+
+ protected:
+  absl::StatusOr<BackboneOutput> RunOnShare(const StepInputs& batch, const OutputSelection& wanted,
+                                            int shares) override;
 
  private:
   std::unique_ptr<VideoBackbone> model_;

@@ -20,7 +20,7 @@ namespace {
 // flight. Adds the stack, model and split times to `phases`.
 std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner& model,
                                                                const std::vector<StepTask*>& tasks,
-                                                               BatchPhases& phases) {
+                                                               int shares, BatchPhases& phases) {
   std::vector<const model::StepInputs*> inputs;
   std::vector<const model::OutputSelection*> plans;
   for (StepTask* task : tasks) {
@@ -34,7 +34,8 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner
     const model::StepInputs stacked = StackSteps(inputs);
     phases.stack = absl::Now() - t;
     t = absl::Now();
-    absl::StatusOr<model::BackboneOutput> out = model.Run(stacked, model::WantedByAny(plans));
+    absl::StatusOr<model::BackboneOutput> out =
+        model.Run(stacked, model::WantedByAny(plans), shares);
     phases.model = absl::Now() - t;
     t = absl::Now();
     int64_t row = 0;
@@ -57,7 +58,7 @@ std::vector<absl::StatusOr<model::BackboneOutput>> RunAndSplit(model::StepRunner
 }  // namespace
 
 absl::Duration RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                            std::vector<std::unique_ptr<batching::Task>> batch,
+                            std::vector<std::unique_ptr<batching::Task>> batch, int shares,
                             AnswerPipeline* answers) {
   std::vector<StepTask*> tasks;
   int64_t rows = 0;
@@ -67,9 +68,10 @@ absl::Duration RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
   }
   const absl::Time start = absl::Now();
   BatchPhases phases;
-  std::vector<absl::StatusOr<model::BackboneOutput>> outputs = RunAndSplit(model, tasks, phases);
+  std::vector<absl::StatusOr<model::BackboneOutput>> outputs =
+      RunAndSplit(model, tasks, shares, phases);
   const absl::Duration compute = absl::Now() - start;
-  metrics.ObserveBatch(rows, compute);
+  metrics.ObserveBatch(rows, compute, shares > 1);
   AnswerPipeline::Answer answer = [&metrics, batch = std::move(batch), tasks, rows, start, compute,
                                    phases, outputs = std::move(outputs)]() mutable {
     const absl::Time begin = absl::Now();

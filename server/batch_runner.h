@@ -16,9 +16,10 @@ namespace praxis::serve {
 // the outputs it asked for. If the run fails, every task gets the model's error. Runs on a batcher
 // worker; the tasks must all be StepTasks. The answers are offered to `answers` (when not null),
 // which may run them on its own thread while the worker goes on; otherwise they run here.
-// Returns the model's time for the batch (what the batcher's sizer learns from).
+// `shares` as the batcher's Runner's (StepRunner::Run's). Returns the model's time for the batch
+// (what the batcher's sizer learns from).
 absl::Duration RunStepBatch(model::StepRunner& model, ServerMetrics& metrics,
-                            std::vector<std::unique_ptr<batching::Task>> batch,
+                            std::vector<std::unique_ptr<batching::Task>> batch, int shares = 1,
                             AnswerPipeline* answers = nullptr);
 
 }  // namespace praxis::serve

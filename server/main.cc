@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -65,6 +66,11 @@ ABSL_FLAG(absl::Duration, thread_probe_every, absl::Seconds(2),
           "on cpu with --threads of 2 or more: after this much model time on its thread count, "
           "the worker times one thread fewer or more (1 to --threads) on a few runs and keeps the "
           "faster (a spinning team loses ~10x to a busy process on its cores); 0: always --threads");
+ABSL_FLAG(int32_t, concurrent_batches, 0,
+          "on cpu: while more than one batch is ready, up to this many (at most --threads) run "
+          "side by side, each on one intra-op thread; a batch with none other ready or running "
+          "takes all --threads. 1: one batch at a time. 0: 2 where --threads is 2 (measured on "
+          "2 cores), else 1. cuda runs one");
 ABSL_FLAG(int64_t, mask_cache_entries, 64,
           "tower layouts whose masks stay cached (and, apart, step layouts whose plans do)");
 ABSL_FLAG(int64_t, mask_cache_bytes, int64_t{256} << 20,
@@ -300,7 +306,8 @@ void PrintServing(const PraxisServer& server, const ServerOptions& options) {
             << l.max_text_len << " grid " << l.max_grid_h << " frames " << l.max_frames
             << " tokens " << l.max_tokens << " cost " << l.max_request_gflop << " GFLOP message "
             << options.max_message_bytes << " response " << l.max_response_bytes
-            << " answer_pipeline " << (options.answer_pipeline ? "on" : "off") << std::endl;
+            << " answer_pipeline " << (options.answer_pipeline ? "on" : "off")
+            << " concurrent_batches " << options.workers << std::endl;
 }
 
 // Waits for SIGTERM or SIGINT, drains within --drain_seconds and exits 0 without tearing down.
@@ -331,17 +338,33 @@ void PrintServing(const PraxisServer& server, const ServerOptions& options) {
   std::_Exit(0);
 }
 
-// A flag's value as NotNegative's message shows it.
+// A flag's value as AtLeast's message shows it.
 std::string FlagValueText(int64_t value) { return absl::StrCat(value); }
 std::string FlagValueText(absl::Duration value) { return absl::FormatDuration(value); }
 
-// InvalidArgument naming `flag` when its value is negative (a byte budget, a probe interval).
+// InvalidArgument naming `flag` when its value is under `least` (a negative byte budget or probe
+// interval, no batch at all).
 template <typename T>
-absl::Status NotNegative(const absl::Flag<T>& flag) {
+absl::Status AtLeast(const absl::Flag<T>& flag, std::type_identity_t<T> least) {
   const T value = absl::GetFlag(flag);
-  if (!(value < T())) return absl::OkStatus();
+  if (!(value < least)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--", absl::GetFlagReflectionHandle(flag).Name(),
-                                                 " must be >= 0, got ", FlagValueText(value)));
+                                                 " must be >= ", FlagValueText(least), ", got ",
+                                                 FlagValueText(value)));
+}
+
+// --concurrent_batches resolved: the batcher's workers for a model run on `threads` intra-op
+// threads.
+absl::StatusOr<int> ConcurrentBatches(int threads, bool cuda) {
+  const int n = absl::GetFlag(FLAGS_concurrent_batches);
+  if (cuda) return 1;
+  if (n == 0) return threads == 2 ? 2 : 1;
+  if (n > threads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--concurrent_batches must be at most --threads (", threads,
+                     "): each runs on a thread, got ", n));
+  }
+  return n;
 }
 
 absl::Status Run() {
@@ -350,11 +373,12 @@ absl::Status Run() {
   // batcher's worker runs the model with more (model/cpu_runtime.h).
   const int cores = at::get_num_threads();
   model::DefaultToOneIntraOpThread();
-  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_float32_weight_bytes));
+  PRAXIS_RETURN_IF_ERROR(AtLeast(FLAGS_max_float32_weight_bytes, 0));
   model::cpu::SetFloat32WeightBudget(absl::GetFlag(FLAGS_max_float32_weight_bytes));
-  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_max_session_text_bytes));
-  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_thread_probe_every));
-  PRAXIS_RETURN_IF_ERROR(NotNegative(FLAGS_batch_probe_every));
+  PRAXIS_RETURN_IF_ERROR(AtLeast(FLAGS_max_session_text_bytes, 0));
+  PRAXIS_RETURN_IF_ERROR(AtLeast(FLAGS_thread_probe_every, absl::ZeroDuration()));
+  PRAXIS_RETURN_IF_ERROR(AtLeast(FLAGS_batch_probe_every, 0));
+  PRAXIS_RETURN_IF_ERROR(AtLeast(FLAGS_concurrent_batches, 0));
   PRAXIS_ASSIGN_OR_RETURN(const std::vector<WarmupStep> warmup, WarmupFromFlags());
   PRAXIS_ASSIGN_OR_RETURN(const std::optional<bool> answer_pipeline, AnswerPipelineFromFlag());
   model::BackboneOptions backbone;
@@ -369,6 +393,7 @@ absl::Status Run() {
   const model::BackboneConfig& c = loaded.model->config();
   ServerOptions options = OptionsFromFlags(c, backbone.attention == model::AttentionMode::kDense);
   options.answer_pipeline = answer_pipeline.value_or(threads < cores);
+  PRAXIS_ASSIGN_OR_RETURN(options.workers, ConcurrentBatches(threads, backbone.device.is_cuda()));
   auto runner = std::make_unique<model::BackboneStepRunner>(
       std::move(loaded.model),
       model::RunnerOptions{.intra_op_threads = threads,

@@ -188,6 +188,12 @@ ServerMetrics::ServerMetrics(const ModelLabels& model, std::function<LiveValues(
                          .Help("Rows run through the model.")
                          .Register(*registry_)
                          .Add({})),
+      side_by_side_(prometheus::BuildCounter()
+                        .Name("praxis_side_by_side_batches_total")
+                        .Help("Batches run beside another on one intra-op thread "
+                              "(--concurrent_batches), not alone on all of them.")
+                        .Register(*registry_)
+                        .Add({})),
       received_(prometheus::BuildCounter()
                     .Name("praxis_received_bytes_total")
                     .Help("Bytes of step requests received.")
@@ -246,10 +252,11 @@ void ServerMetrics::ObserveLatency(absl::string_view method, absl::Duration d) {
 
 void ServerMetrics::ObserveQueue(absl::Duration d) { queue_.Observe(absl::ToDoubleSeconds(d)); }
 
-void ServerMetrics::ObserveBatch(int64_t rows, absl::Duration compute) {
+void ServerMetrics::ObserveBatch(int64_t rows, absl::Duration compute, bool beside_another) {
   batch_rows_.Observe(static_cast<double>(rows));
   compute_.Observe(absl::ToDoubleSeconds(compute));
   computed_rows_.Increment(static_cast<double>(rows));
+  if (beside_another) side_by_side_.Increment();
 }
 
 void ServerMetrics::ObserveBatchPhases(const BatchPhases& phases) {

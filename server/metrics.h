@@ -73,8 +73,8 @@ class ServerMetrics {
   void CountRequest(absl::string_view method, absl::StatusCode code);
   void ObserveLatency(absl::string_view method, absl::Duration d);
   void ObserveQueue(absl::Duration d);
-  // One batch run: its rows and model time.
-  void ObserveBatch(int64_t rows, absl::Duration compute);
+  // One batch run: its rows, model time, and whether it ran beside another (--concurrent_batches).
+  void ObserveBatch(int64_t rows, absl::Duration compute, bool beside_another = false);
   // One batch's time by phase: stacking the rows, the model (on CUDA with the inputs' staging and
   // the wanted outputs' copy to the host), splitting the outputs per call, and answering (each
   // call's first message built and queued, on the worker or the answer pipeline's thread).
@@ -100,6 +100,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& batch_phases_;
   prometheus::Counter& pipelined_;
   prometheus::Counter& computed_rows_;
+  prometheus::Counter& side_by_side_;
   prometheus::Counter& received_;
   prometheus::Counter& sent_;
   prometheus::Gauge& serving_;

@@ -102,8 +102,8 @@ absl::Status PraxisServer::Start() {
   }
   batcher_ = std::make_unique<batching::Batcher>(
       options_.batch,
-      [this](std::vector<std::unique_ptr<batching::Task>> batch) {
-        return RunStepBatch(*runner_, *metrics_, std::move(batch), answers_.get());
+      [this](std::vector<std::unique_ptr<batching::Task>> batch, int shares) {
+        return RunStepBatch(*runner_, *metrics_, std::move(batch), shares, answers_.get());
       },
       options_.workers);
   ServiceOptions service = options_.service;

@@ -37,7 +37,8 @@ struct ServerOptions {
   int64_t request_memory_bytes = int64_t{1} << 30;  // gRPC's ResourceQuota for the whole server
   batching::BatchOptions batch;
   ServiceOptions service;
-  int workers = 1;  // batcher workers (one per device)
+  // Batcher workers: batches that may run at once, sharing the machine (batching::Batcher).
+  int workers = 1;
   // Answer a batch on a thread of its own while the worker starts the next (AnswerPipeline).
   bool answer_pipeline = true;
   ModelLabels model;

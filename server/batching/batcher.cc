@@ -17,16 +17,17 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 Batcher::Batcher(BatchOptions options, Runner runner, int workers, Clock* clock)
     : options_(options),
       runner_(std::move(runner)),
+      worker_count_(std::max(1, workers)),
       clock_(clock),
       sizer_({.max_rows = options.max_batch_rows,
               .probe_every = options.batch_probe_every,
               .max_keys = options.max_sized_layouts}) {
   waker_id_ = clock_->AddWaker([this] {
     absl::MutexLock lock(&mu_);
-    wake_.SignalAll();
+    WakeAllLocked();
   });
-  running_workers_ = std::max(1, workers);
-  for (int i = 0; i < running_workers_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  running_workers_ = worker_count_;
+  for (int i = 0; i < worker_count_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i == 0); });
 }
 
 Batcher::~Batcher() {
@@ -52,8 +53,20 @@ absl::Status Batcher::Submit(std::unique_ptr<Task>& task) {
   stats_.queued_bytes += task->bytes();
   const std::string key = task->layout_key();
   queues_[key].push_back({std::move(task), clock_->Now()});
-  wake_.SignalAll();
+  WakeForQueuedLocked();
   return absl::OkStatus();
+}
+
+void Batcher::WakeAllLocked() {
+  lead_wake_.SignalAll();
+  helper_wake_.SignalAll();
+  drain_wake_.SignalAll();
+}
+
+void Batcher::WakeForQueuedLocked() {
+  if (running_alone_) return;                       // its end wakes a worker
+  lead_wake_.Signal();                              // alone, or beside what runs
+  if (running_batches_ > 0) helper_wake_.Signal();  // beside what runs, if the lead is busy
 }
 
 void Batcher::Forget(const Task& t) {
@@ -111,67 +124,86 @@ std::vector<std::unique_ptr<Task>> Batcher::TakeBatchLocked(const std::string& k
   return batch;
 }
 
-void Batcher::WorkerLoop() {
+std::vector<QueueState> Batcher::StatesLocked(absl::Time* deadline) const {
+  std::vector<QueueState> states;
+  for (const auto& [key, q] : queues_) {
+    int64_t rows = 0;
+    double cost = 0;
+    for (const Queued& t : q) {
+      rows += t.task->rows();
+      cost += t.task->cost();
+      *deadline = std::min(*deadline, t.task->deadline());
+    }
+    states.push_back({key, q.front().enqueued, rows, cost, sizer_.Rows(key)});
+  }
+  return states;
+}
+
+void Batcher::WorkerLoop(bool lead) {
   while (true) {
     std::vector<std::pair<std::unique_ptr<Task>, absl::Status>> dropped;
     std::vector<std::unique_ptr<Task>> batch;
+    int shares = 1;
     bool exit = false;
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = clock_->Now();
       dropped = SweepLocked(now);
-      std::vector<QueueState> states;
       absl::Time earliest_deadline = absl::InfiniteFuture();
-      for (const auto& [key, q] : queues_) {
-        int64_t rows = 0;
-        double cost = 0;
-        for (const Queued& t : q) {
-          rows += t.task->rows();
-          cost += t.task->cost();
-          earliest_deadline = std::min(earliest_deadline, t.task->deadline());
-        }
-        states.push_back({key, q.front().enqueued, rows, cost, sizer_.Rows(key)});
-      }
+      std::vector<QueueState> states = StatesLocked(&earliest_deadline);
       BatchOptions policy = options_;
       if (draining_) policy.max_queue_delay = absl::ZeroDuration();  // run everything now
-      const BatchDecision d = NextBatch(states, now, policy);
+      // Nothing starts beside a batch that runs alone; only the lead starts one that may.
+      const bool may_take = !running_alone_ && (lead || running_batches_ > 0);
+      const BatchDecision d = may_take ? NextBatch(states, now, policy) : BatchDecision{};
       if (d.run) {
         const auto it = std::find_if(states.begin(), states.end(),
                                      [&](const QueueState& q) { return q.key == *d.run; });
         batch = TakeBatchLocked(*d.run, it->rows);
+        absl::Time unused = absl::InfiniteFuture();
+        const bool another_ready = NextBatch(StatesLocked(&unused), now, policy).run.has_value();
+        if (running_batches_ > 0 || another_ready) {
+          shares = worker_count_;
+          if (another_ready) helper_wake_.Signal();
+        } else {
+          running_alone_ = true;
+        }
+        ++running_batches_;
       } else if (draining_ && queues_.empty()) {
         exit = true;
       } else if (dropped.empty()) {
-        // Wake for the next batch, the next deadline, a Submit or a drain. Cancellation is
-        // noticed at the latest by the next wake; bound the wait so it is noticed promptly.
+        // Wake for the next batch, the next deadline, a Submit, a batch's end or a drain.
+        // Cancellation is noticed at the latest by the next wake; bound the wait so it is noticed
+        // promptly.
         const absl::Time wake = std::min({d.wake_at, earliest_deadline, drain_deadline_});
-        wake_.WaitWithTimeout(&mu_, std::min(clock_->RealTimeUntil(wake), kCancelPoll));
+        (lead ? lead_wake_ : helper_wake_)
+            .WaitWithTimeout(&mu_, std::min(clock_->RealTimeUntil(wake), kCancelPoll));
       }
     }
     for (auto& [task, why] : dropped) task->Fail(why);
-    if (!batch.empty()) RunBatch(std::move(batch));
+    if (!batch.empty()) RunBatch(std::move(batch), shares);
     if (exit) {
       absl::MutexLock lock(&mu_);
       --running_workers_;
-      wake_.SignalAll();
+      drain_wake_.SignalAll();
       return;
     }
   }
 }
 
-void Batcher::RunBatch(std::vector<std::unique_ptr<Task>> batch) {
-  if (options_.batch_probe_every <= 0) {
-    runner_(std::move(batch));
-    return;
-  }
+void Batcher::RunBatch(std::vector<std::unique_ptr<Task>> batch, int shares) {
   const std::string key = batch.front()->layout_key();
   int64_t rows = 0;
   for (const auto& t : batch) rows += t->rows();
   const absl::Time start = clock_->Now();
-  absl::Duration took = runner_(std::move(batch));
+  absl::Duration took = runner_(std::move(batch), shares);
   if (took <= absl::ZeroDuration()) took = clock_->Now() - start;
   absl::MutexLock lock(&mu_);
-  sizer_.Observe(key, rows, took);
+  --running_batches_;
+  if (shares == 1) running_alone_ = false;
+  if (!queues_.empty()) WakeForQueuedLocked();  // what waited on this batch
+  // The whole machine's time for the batch, so that sizes run alone and beside others compare.
+  if (options_.batch_probe_every > 0) sizer_.Observe(key, rows, took / shares);
 }
 
 bool Batcher::Drain(absl::Duration grace) {
@@ -180,10 +212,10 @@ bool Batcher::Drain(absl::Duration grace) {
     draining_ = true;
     drain_deadline_ = clock_->Now() + grace;
   }
-  wake_.SignalAll();
+  WakeAllLocked();
   // Bounded: a batch that outlives the grace is left running (the process is about to exit).
   while (running_workers_ > 0 && clock_->Now() < drain_deadline_) {
-    wake_.WaitWithTimeout(&mu_, clock_->RealTimeUntil(drain_deadline_));
+    drain_wake_.WaitWithTimeout(&mu_, clock_->RealTimeUntil(drain_deadline_));
   }
   return running_workers_ == 0;
 }

@@ -252,23 +252,40 @@ class ProxyTask : public Task {
   FakeTask* t_;
 };
 
-// Records each batch as (key, rows per task) and completes its tasks.
+// Records each batch as (key, rows per task) and its shares, and completes its tasks.
 struct RecordingRunner {
-  absl::Duration operator()(std::vector<std::unique_ptr<Task>> batch) {
+  absl::Duration operator()(std::vector<std::unique_ptr<Task>> batch, int batch_shares) {
     std::vector<int64_t> rows;
     for (auto& t : batch) rows.push_back(t->rows());
     {
       absl::MutexLock lock(&mu);
       batches.push_back({batch.front()->layout_key(), rows});
+      shares.push_back(batch_shares);
     }
     if (gate) gate->WaitForNotification();
     for (auto& t : batch) static_cast<ProxyTask*>(t.get())->target()->Complete();
     return absl::ZeroDuration();
   }
+  // Batches that have entered so far.
+  int64_t Entered() {
+    absl::MutexLock lock(&mu);
+    return static_cast<int64_t>(batches.size());
+  }
   absl::Mutex mu;
   std::vector<std::pair<std::string, std::vector<int64_t>>> batches;
+  std::vector<int> shares;
   absl::Notification* gate = nullptr;
 };
+
+// Waits (bounded) until `runner` holds `n` batches in all.
+bool WaitForBatches(RecordingRunner& runner, int64_t n) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (runner.Entered() < n) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
 
 // Waits (bounded) until a worker has taken a batch, i.e. the runner holds it.
 bool WaitForFirstBatch(const Batcher& b) {
@@ -520,6 +537,47 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> SubmitConcurrently(Bat
   return runner.batches;
 }
 
+// A batch with none other ready or running has the whole machine: a second worker leaves the next
+// batch queued until it ends, and that one, alone again, has the whole machine too.
+TEST(BatcherTest, ALoneBatchHasTheMachineToItself) {
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  Batcher b({.max_batch_rows = 1}, std::ref(runner), /*workers=*/2);
+  FakeTask* first = Submit(b, std::make_unique<FakeTask>("a", 1));
+  ASSERT_TRUE(WaitForBatches(runner, 1));
+  FakeTask* second = Submit(b, std::make_unique<FakeTask>("a", 1));
+  absl::SleepFor(absl::Milliseconds(100));  // time for an idle worker to take it, were it allowed
+  EXPECT_EQ(runner.Entered(), 1) << "the idle worker started a batch beside a lone one";
+  EXPECT_EQ(b.stats().queued_requests, 1);
+  gate.Notify();
+  for (FakeTask* t : {first, second}) {
+    ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  absl::MutexLock lock(&runner.mu);
+  EXPECT_EQ(runner.shares, (std::vector<int>{1, 1}));
+}
+
+// Batches ready together run side by side, each on its share.
+TEST(BatcherTest, BatchesReadyTogetherRunSideBySideOnShares) {
+  FakeClock clock;
+  RecordingRunner runner;
+  absl::Notification gate;
+  runner.gate = &gate;
+  Batcher b({.max_batch_rows = 2, .max_queue_delay = absl::Seconds(1)}, std::ref(runner),
+            /*workers=*/2, &clock);
+  std::vector<FakeTask*> tasks;
+  tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 1)));
+  tasks.push_back(Submit(b, std::make_unique<FakeTask>("b", 1)));
+  clock.Advance(absl::Seconds(1));  // both partial batches are ready at once
+  const bool side_by_side = WaitForBatches(runner, 2);
+  gate.Notify();
+  EXPECT_TRUE(side_by_side) << "the second ready batch waited for the first";
+  for (FakeTask* t : tasks) ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&runner.mu);
+  EXPECT_EQ(runner.shares, (std::vector<int>{2, 2}));
+}
+
 TEST(BatcherTest, ManyConcurrentSubmittersEachAnsweredExactlyOnce) {
   bool some_batch_above_one = false;
   for (const auto& [key, rows] :
@@ -538,7 +596,7 @@ TEST(BatcherTest, BatchesOfALayoutThatDoesNotBatchShrinkToSingleRows) {
   std::vector<int64_t> sizes;
   absl::Mutex mu;
   absl::Notification all_queued;  // the first batch waits for the rest to queue behind it
-  auto runner = [&](std::vector<std::unique_ptr<Task>> batch) {
+  auto runner = [&](std::vector<std::unique_ptr<Task>> batch, int /*shares*/) {
     all_queued.WaitForNotification();
     int64_t rows = 0;
     for (auto& t : batch) rows += t->rows();

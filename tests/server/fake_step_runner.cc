@@ -128,8 +128,8 @@ std::vector<model::OutputSelection> FakeStepRunner::wanted() const {
   return wanted_;
 }
 
-absl::StatusOr<model::BackboneOutput> FakeStepRunner::Run(const model::StepInputs& batch,
-                                                          const model::OutputSelection& wanted) {
+absl::StatusOr<model::BackboneOutput> FakeStepRunner::RunOnShare(
+    const model::StepInputs& batch, const model::OutputSelection& wanted, int shares) {
   PRAXIS_RETURN_IF_ERROR(model::ValidateStep(config_, batch));
   absl::Duration delay;
   absl::Status fail;

@@ -60,14 +60,18 @@ class FakeStepRunner : public model::StepRunner {
   // What each batch that passed the gate asked for, in order (failed and thrown ones included).
   std::vector<model::OutputSelection> wanted() const;
 
-  // The outputs `wanted` selects (as Outputs, the others undefined), after the gate and failures.
-  absl::StatusOr<model::BackboneOutput> Run(const model::StepInputs& batch,
-                                            const model::OutputSelection& wanted) override;
   const model::BackboneConfig& config() const override { return config_; }
   model::MaskCacheStats mask_cache_stats() const override;
   std::string device() const override { return device_; }
   std::string dtype() const override { return dtype_name_; }
   std::optional<int64_t> device_memory_bytes() const override { return std::nullopt; }
+
+ protected:
+  // The outputs `wanted` selects (as Outputs, the others undefined), after the gate and failures;
+  // `shares` is ignored.
+  absl::StatusOr<model::BackboneOutput> RunOnShare(const model::StepInputs& batch,
+                                                   const model::OutputSelection& wanted,
+                                                   int shares) override;
 
  private:
   const model::BackboneConfig config_;

@@ -497,6 +497,7 @@ TEST_F(ServerTest, MetricsAreScrapedOverHttp) {
     EXPECT_TRUE(Sample(m, family).has_value()) << family;
   }
   EXPECT_TRUE(Sample(m, "praxis_pipelined_answers_total").has_value());
+  EXPECT_EQ(Sample(m, "praxis_side_by_side_batches_total"), 0) << "one worker runs batches alone";
   EXPECT_EQ(Sample(m, "praxis_queue_depth"), 0);
   EXPECT_TRUE(Sample(m, "praxis_queue_bytes").has_value());
   EXPECT_EQ(Sample(m, "praxis_model_info", {{"model", "embedded:tiny"}, {"dtype", "float32"}}), 1);
