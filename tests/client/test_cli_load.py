@@ -169,6 +169,17 @@ def test_server_thread_probe():
         assert "praxis_intra_op_thread_switches_total 0\n" in page, (flags, page)
 
 
+def metrics_after_load(tmp_path, server_flags, *load_flags):
+    """A server's start-up log and /metrics page after 1 s of praxis-load (`load_flags`) on the
+    small layout; the server runs with `server_flags` and is stopped."""
+    s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", *server_flags)
+    try:
+        load_report(tmp_path, s.address, "--duration=1s", "--mix=32,6,8,2,1", *load_flags)
+        return s.log(), s.metrics()
+    finally:
+        s.stop()
+
+
 def test_server_concurrent_batches(tmp_path):
     """--concurrent_batches: refused below 0 or above --threads, naming the flag; the start-up line
     says how many run at once; with batches queued behind each other, at 0 (2 on 2 threads) some
@@ -179,15 +190,9 @@ def test_server_concurrent_batches(tmp_path):
     r = run(SERVER, "--port=0", "--metrics_port=-1", "--threads=2", "--concurrent_batches=3")
     assert r.returncode != 0 and "--concurrent_batches must be at most --threads (2)" in r.stderr, r
     for flag, at_once in [("--concurrent_batches=0", 2), ("--concurrent_batches=1", 1)]:
-        s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", "--threads=2",
-                   "--max_batch_size=1", flag)
-        try:
-            assert f"concurrent_batches {at_once}" in s.log(), s.log()
-            load_report(tmp_path, s.address, "--duration=1s", "--concurrency=8",
-                        "--mix=32,6,8,2,1")
-            page = s.metrics()
-        finally:
-            s.stop()
+        log, page = metrics_after_load(tmp_path, ("--threads=2", "--max_batch_size=1", flag),
+                                       "--concurrency=8")
+        assert f"concurrent_batches {at_once}" in log, log
         beside = re.search(r"^praxis_side_by_side_batches_total (\S+)$", page, re.M)
         assert beside and (float(beside.group(1)) > 0) == (at_once > 1), (flag, page)
 
@@ -196,13 +201,7 @@ def test_server_batch_rows_held_per_layout(tmp_path):
     """/metrics says, per layout the batch sizer has seen, the rows it holds that layout's batches
     to now (1 up to --max_batch_size); nothing with the sizer off (--batch_probe_every=0)."""
     for flags, sized in [((), True), (("--batch_probe_every=0",), False)]:
-        s = Server("--metrics_port=0", "--metrics_host=127.0.0.1", "--max_batch_size=4", *flags)
-        try:
-            load_report(tmp_path, s.address, "--duration=1s", "--concurrency=4",
-                        "--mix=32,6,8,2,1")
-            page = s.metrics()
-        finally:
-            s.stop()
+        _, page = metrics_after_load(tmp_path, ("--max_batch_size=4", *flags), "--concurrency=4")
         held = re.findall(r'^praxis_batch_rows_held\{layout="([^"]*)"\} (\S+)$', page, re.M)
         if not sized:
             assert held == [], (flags, held)
