@@ -64,8 +64,8 @@ struct LayoutPlan {
 // The model the server holds. Weights are plain tensors on the device; masks and attention plans
 // come from the owned MaskCache, so a forward over a layout seen before builds nothing.
 // Thread-safe: Forward and ForwardValidated may run on any number of threads at once (the weights
-// are read-only after Create and the MaskCache is thread-safe); the server happens to run one
-// batch at a time per device.
+// are read-only after Create and the MaskCache is thread-safe); the server runs one batch at a
+// time per device, or on a CPU up to --concurrent_batches side by side.
 class VideoBackbone {
  public:
   // Takes the validated tensors of a checkpoint (names per docs/model.md) already in their final

@@ -104,8 +104,8 @@ class BackboneStepRunner : public StepRunner {
   std::unique_ptr<VideoBackbone> model_;
   const int intra_op_threads_;
   std::unique_ptr<StepGraphs> graphs_;             // null: eager
-  // Null: always intra_op_threads_. Guarded although one worker calls Run at a time (StepRunner's
-  // contract): metrics scrapes read its switches, and a second worker would share it.
+  // Null: always intra_op_threads_. Guarded: the batcher's workers share it (only batches run
+  // alone take and time its count) and metrics scrapes read its switches.
   mutable absl::Mutex chooser_mu_;
   std::unique_ptr<IntraOpThreadChooser> chooser_ ABSL_PT_GUARDED_BY(chooser_mu_);
   std::atomic<int> last_threads_{0};               // of the last CPU run; 0 before one

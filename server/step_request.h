@@ -35,7 +35,7 @@ struct StepLimits {
   int64_t max_tokens = 1 << 17;  // encoder or decoder sequence length
   double max_abs_input = 1e4;    // |x| of every float input (NaN and inf fail it too)
   // Useful GFLOP of one request (model::StepCost): bounds the time one caller can take from the
-  // only worker. The default runs in about a second on the embedded tiny model on 2 CPU cores.
+  // workers. The default runs in about a second on the embedded tiny model on 2 CPU cores.
   double max_request_gflop = 100;
   int64_t max_response_bytes = int64_t{1} << 30;  // tensor bytes of one answer
   // With dense attention (the model computes every pair): the larger tower's [T, T] bool mask.
