@@ -74,7 +74,7 @@ class ServerMetrics {
   void ObserveLatency(absl::string_view method, absl::Duration d);
   void ObserveQueue(absl::Duration d);
   // One batch run: its rows, model time, and whether it ran beside another (--concurrent_batches).
-  void ObserveBatch(int64_t rows, absl::Duration compute, bool beside_another = false);
+  void ObserveBatch(int64_t rows, absl::Duration compute, bool beside_another);
   // One batch's time by phase: stacking the rows, the model (on CUDA with the inputs' staging and
   // the wanted outputs' copy to the host), splitting the outputs per call, and answering (each
   // call's first message built and queued, on the worker or the answer pipeline's thread).

@@ -160,8 +160,10 @@ void Batcher::WorkerLoop(bool lead) {
         const auto it = std::find_if(states.begin(), states.end(),
                                      [&](const QueueState& q) { return q.key == *d.run; });
         batch = TakeBatchLocked(*d.run, it->rows);
+        // A lone worker has no one to share with: no second pass over the queues.
         absl::Time unused = absl::InfiniteFuture();
-        const bool another_ready = NextBatch(StatesLocked(&unused), now, policy).run.has_value();
+        const bool another_ready =
+            worker_count_ > 1 && NextBatch(StatesLocked(&unused), now, policy).run.has_value();
         if (running_batches_ > 0 || another_ready) {
           shares = worker_count_;
           if (another_ready) helper_wake_.Signal();

@@ -266,31 +266,16 @@ struct RecordingRunner {
     for (auto& t : batch) static_cast<ProxyTask*>(t.get())->target()->Complete();
     return absl::ZeroDuration();
   }
-  // Batches that have entered so far.
-  int64_t Entered() {
-    absl::MutexLock lock(&mu);
-    return static_cast<int64_t>(batches.size());
-  }
   absl::Mutex mu;
   std::vector<std::pair<std::string, std::vector<int64_t>>> batches;
   std::vector<int> shares;
   absl::Notification* gate = nullptr;
 };
 
-// Waits (bounded) until `runner` holds `n` batches in all.
-bool WaitForBatches(RecordingRunner& runner, int64_t n) {
+// Waits (bounded) until the workers have taken `n` batches in all, i.e. the runner holds them.
+bool WaitForBatches(const Batcher& b, int64_t n = 1) {
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (runner.Entered() < n) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
-
-// Waits (bounded) until a worker has taken a batch, i.e. the runner holds it.
-bool WaitForFirstBatch(const Batcher& b) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (b.stats().batches == 0) {
+  while (b.stats().batches < n) {
     if (absl::Now() > give_up) return false;
     absl::SleepFor(absl::Milliseconds(1));
   }
@@ -412,7 +397,7 @@ TEST(BatcherTest, FullQueueRefusesAtOnce) {
             std::ref(runner));
   FakeTask* running = Submit(b, std::make_unique<FakeTask>("a", 1));
   // Wait until the worker holds the first task, so the queue is empty again.
-  ASSERT_TRUE(WaitForFirstBatch(b));
+  ASSERT_TRUE(WaitForBatches(b));
   absl::Status s1, s2, s3;
   FakeTask* q1 = Submit(b, std::make_unique<FakeTask>("a", 1), &s1);
   FakeTask* q2 = Submit(b, std::make_unique<FakeTask>("b", 1), &s2);
@@ -435,7 +420,7 @@ TEST(BatcherTest, ExpiredTaskIsFailedAndNeverRun) {
   Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner),
             /*workers=*/1, &clock);
   FakeTask* blocker = Submit(b, std::make_unique<FakeTask>("a", 1));
-  ASSERT_TRUE(WaitForFirstBatch(b));
+  ASSERT_TRUE(WaitForBatches(b));
   FakeTask* late =
       Submit(b, std::make_unique<FakeTask>("b", 1, clock.Now() + absl::Milliseconds(5)));
   clock.Advance(absl::Milliseconds(20));  // past its deadline while the worker is busy
@@ -489,7 +474,7 @@ TEST(BatcherTest, DrainFailsWhatIsQueuedOnceTheGraceHasPassed) {
   Batcher b({.max_batch_rows = 1, .max_queue_delay = absl::ZeroDuration()}, std::ref(runner),
             /*workers=*/1, &clock);
   FakeTask* running = Submit(b, std::make_unique<FakeTask>("a", 1));
-  ASSERT_TRUE(WaitForFirstBatch(b));
+  ASSERT_TRUE(WaitForBatches(b));
   FakeTask* queued = Submit(b, std::make_unique<FakeTask>("a", 1));
   absl::Notification drained;
   std::thread advancer([&] {
@@ -545,10 +530,10 @@ TEST(BatcherTest, ALoneBatchHasTheMachineToItself) {
   runner.gate = &gate;
   Batcher b({.max_batch_rows = 1}, std::ref(runner), /*workers=*/2);
   FakeTask* first = Submit(b, std::make_unique<FakeTask>("a", 1));
-  ASSERT_TRUE(WaitForBatches(runner, 1));
+  ASSERT_TRUE(WaitForBatches(b));
   FakeTask* second = Submit(b, std::make_unique<FakeTask>("a", 1));
   absl::SleepFor(absl::Milliseconds(100));  // time for an idle worker to take it, were it allowed
-  EXPECT_EQ(runner.Entered(), 1) << "the idle worker started a batch beside a lone one";
+  EXPECT_EQ(b.stats().batches, 1) << "the idle worker started a batch beside a lone one";
   EXPECT_EQ(b.stats().queued_requests, 1);
   gate.Notify();
   for (FakeTask* t : {first, second}) {
@@ -570,7 +555,7 @@ TEST(BatcherTest, BatchesReadyTogetherRunSideBySideOnShares) {
   tasks.push_back(Submit(b, std::make_unique<FakeTask>("a", 1)));
   tasks.push_back(Submit(b, std::make_unique<FakeTask>("b", 1)));
   clock.Advance(absl::Seconds(1));  // both partial batches are ready at once
-  const bool side_by_side = WaitForBatches(runner, 2);
+  const bool side_by_side = WaitForBatches(b, 2);
   gate.Notify();
   EXPECT_TRUE(side_by_side) << "the second ready batch waited for the first";
   for (FakeTask* t : tasks) ASSERT_TRUE(t->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
