@@ -569,6 +569,26 @@ PRAXIS_AVX512 void SiluMulRowAvx512(const float* a, const float* b, float* out, 
   }
 }
 
+// 1 / rms of a head row of hd values from its lanes' sums of squares ss (NormRopeToken's).
+PRAXIS_AVX512_INLINE __m512 InvRms(__m512 ss, int64_t hd, float eps) {
+  return _mm512_set1_ps(1.0f / std::sqrt(HorizontalSum(ss) / static_cast<float>(hd) + eps));
+}
+
+// NormRopeToken's output lanes [i, i + 16) of a head row's two halves from the input's a and b
+// (lanes under m): normalised by inv and w first where w is not null, then rotated by cos, sin.
+PRAXIS_AVX512_INLINE void RopeLanes(__m512 a, __m512 b, __m512 inv, const float* w,
+                                    const float* cos, const float* sin, int64_t i, int64_t half,
+                                    __mmask16 m, __m512* lo, __m512* hi) {
+  if (w != nullptr) {
+    a = _mm512_mul_ps(_mm512_mul_ps(a, inv), _mm512_maskz_loadu_ps(m, w + i));
+    b = _mm512_mul_ps(_mm512_mul_ps(b, inv), _mm512_maskz_loadu_ps(m, w + i + half));
+  }
+  *lo = _mm512_fmsub_ps(a, _mm512_maskz_loadu_ps(m, cos + i),
+                        _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, sin + i)));
+  *hi = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, cos + i + half),
+                        _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, sin + i + half)));
+}
+
 // NormRopeToken in AVX-512, a row's halves 16 lanes at a time (masked at the ends: the tiny
 // model's hd 16 has halves of 8, which the clones' loops ran as scalars, ~5 % of its step).
 PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int64_t sy,
@@ -582,25 +602,47 @@ PRAXIS_AVX512 void NormRopeTokenAvx512(const float* x, int64_t sx, float* y, int
     if (w != nullptr) {
       __m512 ss = _mm512_setzero_ps();
       for (int64_t i = 0; i < hd; i += kLanes) {
-        const __mmask16 m = LanesLeft(hd - i);
-        const __m512 v = _mm512_maskz_loadu_ps(m, r + i);
+        const __m512 v = _mm512_maskz_loadu_ps(LanesLeft(hd - i), r + i);
         ss = _mm512_fmadd_ps(v, v, ss);
       }
-      inv = _mm512_set1_ps(1.0f / std::sqrt(HorizontalSum(ss) / static_cast<float>(hd) + eps));
+      inv = InvRms(ss, hd, eps);
     }
     for (int64_t i = 0; i < half; i += kLanes) {
       const __mmask16 m = LanesLeft(half - i);
-      __m512 a = _mm512_maskz_loadu_ps(m, r + i), b = _mm512_maskz_loadu_ps(m, r + i + half);
-      if (w != nullptr) {
-        a = _mm512_mul_ps(_mm512_mul_ps(a, inv), _mm512_maskz_loadu_ps(m, w + i));
-        b = _mm512_mul_ps(_mm512_mul_ps(b, inv), _mm512_maskz_loadu_ps(m, w + i + half));
-      }
-      const __m512 lo = _mm512_fmsub_ps(a, _mm512_maskz_loadu_ps(m, cos + i),
-                                        _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, sin + i)));
-      const __m512 hi = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, cos + i + half),
-                                        _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, sin + i + half)));
+      __m512 lo, hi;
+      RopeLanes(_mm512_maskz_loadu_ps(m, r + i), _mm512_maskz_loadu_ps(m, r + i + half), inv, w,
+                cos, sin, i, half, m, &lo, &hi);
       _mm512_mask_storeu_ps(o + i, m, lo);
       _mm512_mask_storeu_ps(o + i + half, m, hi);
+    }
+  }
+}
+
+// NormRopeTokenAvx512 for bf16 heads, each vector widened on load and rounded once on store:
+// through float32 buffers (MapRows) a bf16 token took 3x a float32 one at hd 16 (stop 56).
+__attribute__((target("avx512f,avx512dq,avx512bf16,avx512vl,avx512bw"))) void
+NormRopeTokenBf16Avx512(const uint16_t* x, int64_t sx, uint16_t* y, int64_t sy, int64_t heads,
+                        int64_t hd, const float* w, float eps, const float* cos, const float* sin) {
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const uint16_t* r = x + h * sx;
+    uint16_t* o = y + h * sy;
+    __m512 inv = _mm512_set1_ps(1.0f);
+    if (w != nullptr) {
+      __m512 ss = _mm512_setzero_ps();
+      for (int64_t i = 0; i < hd; i += kLanes) {
+        const __m512 v = LoadBf16Lanes(r + i, LanesLeft(hd - i));
+        ss = _mm512_fmadd_ps(v, v, ss);
+      }
+      inv = InvRms(ss, hd, eps);
+    }
+    for (int64_t i = 0; i < half; i += kLanes) {
+      const __mmask16 m = LanesLeft(half - i);
+      __m512 lo, hi;
+      RopeLanes(LoadBf16Lanes(r + i, m), LoadBf16Lanes(r + i + half, m), inv, w, cos, sin, i, half,
+                m, &lo, &hi);
+      StoreBf16Lanes(o + i, m, lo);
+      StoreBf16Lanes(o + i + half, m, hi);
     }
   }
 }
@@ -977,21 +1019,34 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
   torch::Tensor y = torch::empty({b, h, t, hd}, x.options());
   const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2);
   const bool avx512 = UseAvx512(isa);
+  const float* wp = weight.defined() ? weight.const_data_ptr<float>() : nullptr;
+  const float* cp = cos.const_data_ptr<float>();
+  const float* sp = sin.const_data_ptr<float>();
+  const auto feps = static_cast<float>(eps);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "NormRope", [&] {
-    const scalar_t* src = x.data_ptr<scalar_t>();
-    scalar_t* dst = y.data_ptr<scalar_t>();
-    const float* wp = weight.defined() ? weight.data_ptr<float>() : nullptr;
-    const float* cp = cos.data_ptr<float>();
-    const float* sp = sin.data_ptr<float>();
+    const scalar_t* src = x.const_data_ptr<scalar_t>();
+    scalar_t* dst = y.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
       std::vector<float> buf(h * hd);
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         // The token's heads: in at its projection row, out as row ti of each head's [T, hd].
-        MapRows(src + bi * sb + ti * st, sh, dst + (bi * h * t + ti) * hd, t * hd, h, hd,
-                buf.data(), [&](const float* x, int64_t sx, float* y, int64_t sy) {
-                  NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, static_cast<float>(eps),
-                                  cp + ti * hd, sp + ti * hd);
+        const scalar_t* in = src + bi * sb + ti * st;
+        scalar_t* out = dst + (bi * h * t + ti) * hd;
+#if defined(PRAXIS_X86_SIMD)
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (avx512 && HasAvx512Bf16Convert()) {
+            NormRopeTokenBf16Avx512(reinterpret_cast<const uint16_t*>(in), sh,
+                                    reinterpret_cast<uint16_t*>(out), t * hd, h, hd, wp, feps,
+                                    cp + ti * hd, sp + ti * hd);
+            continue;
+          }
+        }
+#endif
+        MapRows(in, sh, out, t * hd, h, hd, buf.data(),
+                [&](const float* x, int64_t sx, float* y, int64_t sy) {
+                  NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, feps, cp + ti * hd,
+                                  sp + ti * hd);
                 });
       }
     });
