@@ -166,11 +166,13 @@ StoreBf16Lanes(uint16_t* dst, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(dst, m, reinterpret_cast<const __m256i&>(h));
 }
 
-__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void StoreBf16Avx512(
-    const float* src, uint16_t* dst, int64_t n) {
+// dst = src · s rounded to bf16, in one pass (Store's with s = 1, StoreScaled's).
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void StoreScaledBf16Avx512(
+    const float* src, float s, uint16_t* dst, int64_t n) {
+  const __m512 scale = _mm512_set1_ps(s);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = LanesLeft(n - i);
-    StoreBf16Lanes(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    StoreBf16Lanes(dst + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), scale));
   }
 }
 
@@ -206,7 +208,9 @@ void Store(const float* src, T* dst, int64_t n) {
     std::memcpy(dst, src, n * sizeof(float));
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
 #if defined(PRAXIS_X86_SIMD)
-    if (HasAvx512Bf16Convert()) return StoreBf16Avx512(src, reinterpret_cast<uint16_t*>(dst), n);
+    if (HasAvx512Bf16Convert()) {
+      return StoreScaledBf16Avx512(src, 1.0f, reinterpret_cast<uint16_t*>(dst), n);
+    }
 #endif
     StoreBf16(src, reinterpret_cast<uint16_t*>(dst), n);
   } else if constexpr (std::is_same_v<T, c10::Half>) {
@@ -328,6 +332,22 @@ PRAXIS_ISA_CLONES void MaxAbsRow(const float* x, int64_t n, float* m, float* bad
 PRAXIS_ISA_CLONES void ScaleBy(float* x, float s, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+// dst = src · s in T: an attention's output row normalised by its softmax sum, in one pass where
+// the CPU rounds to bf16 in AVX-512 (a scale, then a store, took two calls per row of 16 on the
+// tiny model); src is scratch and may be overwritten.
+template <typename T>
+void StoreScaled(float* src, float s, T* dst, int64_t n) {
+#if defined(PRAXIS_X86_SIMD)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (HasAvx512Bf16Convert()) {
+      return StoreScaledBf16Avx512(src, s, reinterpret_cast<uint16_t*>(dst), n);
+    }
+  }
+#endif
+  ScaleBy(src, s, n);
+  Store(src, dst, n);
 }
 
 // out[i] += w · y[i].
@@ -1639,9 +1659,8 @@ torch::Tensor TileAttentionBf16Brgemm(const torch::Tensor& q, const torch::Tenso
         float* ar = acc.get() + r * hd;
         if (first) std::fill(ar, ar + hd, 0.0f);  // the tile attends no key
         float norm = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-        at::BFloat16* dst = sink.Row(bi, hi, row0 + r, &norm);
-        ScaleBy(ar, norm, hd);
-        Store(ar, dst, hd);
+        at::BFloat16* dst = sink.Row(bi, hi, row0 + r, &norm);  // may fold the gate into norm
+        StoreScaled(ar, norm, dst, hd);
       }
     }
     // Give the tile configuration back: LibTorch's kernels assume theirs is still loaded.
@@ -1785,8 +1804,7 @@ torch::Tensor TileAttention(const torch::Tensor& q, const torch::Tensor& k, cons
           float* ar = acc.data() + r * hdp;
           float norm = l[r] > 0 ? 1.0f / l[r] : 0.0f;
           scalar_t* dst = sink.Row(bi, hi, row0 + r, &norm);
-          ScaleBy(ar, norm, hd);
-          Store(ar, dst, hd);
+          StoreScaled(ar, norm, dst, hd);
         }
       }
     });
