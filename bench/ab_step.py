@@ -19,7 +19,7 @@ import argparse
 import statistics
 import sys
 
-from paced_step import PacedStep
+from paced_step import b_over_a_in_turns, describe_ratios
 
 
 def main() -> int:
@@ -33,22 +33,10 @@ def main() -> int:
     a = p.parse_args()
     if a.pairs < 1:
         p.error("--pairs: expected at least 1")
-    sides = [PacedStep([a.a, *a.step_bench_args])]
-    try:
-        sides.append(PacedStep([a.b, *a.step_bench_args]))
-        times: list[list[float]] = [[], []]
-        for i in range(a.pairs):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
-                times[side].append(sides[side].step_ms(a.gap))
-        for side in sides:
-            side.finish()
-    finally:
-        for side in sides:
-            side.kill()
-    ratios = [b / x for x, b in zip(*times)]
-    print(f"A {statistics.median(times[0]):.2f} ms  B {statistics.median(times[1]):.2f} ms  "
-          f"B/A {statistics.median(ratios):.3f} (pairs {min(ratios):.3f}-{max(ratios):.3f}, "
-          f"{a.pairs} pairs)")
+    a_ms, b_ms, ratios = b_over_a_in_turns(
+        ([a.a, *a.step_bench_args], [a.b, *a.step_bench_args]), a.pairs, a.gap)
+    print(f"A {statistics.median(a_ms):.2f} ms  B {statistics.median(b_ms):.2f} ms  "
+          f"B/A {describe_ratios(ratios)}, {a.pairs} pairs")
     return 0
 
 

@@ -14,7 +14,9 @@ each, which goes first alternating, each run after `--gap` idle seconds (both si
 spin a while after their last region), so that they never share the cores and a host's slow swings
 hit both sides of a pair alike. Prints the CPU model and ISA flags and a table of medians, and the
 ratio C++ / reference as the median of the pairs' ratios (< 0.5 is the issue's target), with those
-ratios' spread. `--reuse_reference` (or `--no_turns`) times all of one side's repeats, then all of
+ratios' spread. With float32 and bfloat16 both asked for, each config's cells then time
+the two C++ steps in turns as well (`--repeats` pairs): the bf16 / float32 ratio as the median of
+the pairs' ratios. `--reuse_reference` (or `--no_turns`) times all of one side's repeats, then all of
 the other's, as before this mode existed. With --gemm_bound
 each side's GEMM calls (aten mm, addmm, bmm, baddbmm; ours also the brgemm and sgemm products of
 model/cpu_kernels.h, replayed as aten mm) in one forward are recorded and timed alone in the same run (the reference's
@@ -43,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 from make_tiny import Case, case_inputs, random_model, run_case, save_file  # noqa: E402
-from paced_step import PacedStep  # noqa: E402
+from paced_step import PacedStep, b_over_a_in_turns, describe_ratios  # noqa: E402
 from praxis_ref.backbone import torch_dtype  # noqa: E402
 
 # name -> (text L, h, w, K, F); the anchor grid is h x w (SPEC §2 layouts as praxis-load names them).
@@ -173,6 +175,11 @@ def time_in_turns(model, x: dict[str, torch.Tensor], command: list[str], repeats
         cpp.kill()
 
 
+def inputs_path(tmp: str, config: str, layout: str, batch: int, dtype: str) -> str:
+    """Where a cell's step file lies (step_bench --inputs)."""
+    return os.path.join(tmp, f"{config}_{layout}_{batch}_{dtype}.safetensors")
+
+
 def with_dtype(model, dtype: str):
     """The reference model with its parameters (not its float32 buffers) in `dtype`."""
     for p in model.parameters():
@@ -211,6 +218,7 @@ def main() -> int:
     print(f"{'config':6} {'layout':6} {'dtype':8} {'B':>2} {'ref ms':>10} {'C++ ms':>10} "
           f"{'C++/ref':>8}{gemm_head}  (medians; C++/ref: of the pairs' ratios in turns; spread = max/min)", flush=True)
     cells = []
+    dtype_turns = []  # C++ bfloat16 against float32, in turns
     reused = {}
     if a.reuse_reference:
         with open(a.reuse_reference, encoding="utf-8") as f:
@@ -218,6 +226,7 @@ def main() -> int:
         if earlier["cpu"]["model"] != cpu["model"] or earlier["threads"] != a.threads:
             sys.exit(f"--reuse_reference: expected a run on {cpu['model']} with {a.threads} threads")
         reused = {(c["config"], c["layout"], c["dtype"], c["batch"]): c["ref_ms"] for c in earlier["cells"]}
+    turns = not (a.no_turns or reused)
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs.split(","):
             config_path = os.path.join(ROOT, "configs", f"{config}.json")
@@ -230,11 +239,10 @@ def main() -> int:
                     for batch in (int(b) for b in a.batches.split(",")):
                         case = Case(layout, batch=batch, chunks=k, frames=f, h=h, w=w, text=text)
                         x = case_inputs(model, case, a.seed)
-                        inputs = os.path.join(tmp, f"{config}_{layout}_{batch}.safetensors")
+                        inputs = inputs_path(tmp, config, layout, batch, dtype)
                         save_file(x, inputs)
                         command = step_bench_command(a.step_bench, checkpoint, dtype, inputs,
                                                      a.threads, a.repeats, a.gemm_bound)
-                        turns = not (a.no_turns or reused)
                         if turns:
                             ref, bench = time_in_turns(model, x, command, a.repeats, a.gap)
                         else:
@@ -270,9 +278,27 @@ def main() -> int:
                               f"C++ {max(cpp) / min(cpp):.2f}"
                               + (f"; pairs' C++/ref {min(pairs):.2f}-{max(pairs):.2f})" if turns else ")")
                               + (" ref from --reuse_reference" if cell["ref_reused"] else ""), flush=True)
+            if turns and {"float32", "bfloat16"} <= set(a.dtypes.split(",")):
+                # The issue's bf16 / float32: both C++ steps in turns, not two medians timed
+                # minutes apart, which move with the host.
+                for layout in a.layouts.split(","):
+                    for batch in (int(b) for b in a.batches.split(",")):
+                        sides = tuple(step_bench_command(a.step_bench, checkpoint, d,
+                                                         inputs_path(tmp, config, layout, batch, d),
+                                                         a.threads, a.repeats, False)
+                                      for d in ("float32", "bfloat16"))
+                        f32, bf16, ratios = b_over_a_in_turns(sides, a.repeats, a.gap)
+                        dtype_turns.append({"config": config, "layout": layout, "batch": batch,
+                                            "float32_ms": f32, "bfloat16_ms": bf16,
+                                            "pair_ratios": ratios,
+                                            "ratio": statistics.median(ratios)})
+                        print(f"{config:6} {layout:6} C++ bf16/float32 in turns, B {batch}: "
+                              f"{describe_ratios(ratios)}, {statistics.median(bf16):.1f} / "
+                              f"{statistics.median(f32):.1f} ms", flush=True)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "cells": cells}, f, indent=1)
+            json.dump({"cpu": cpu, "threads": a.threads, "repeats": a.repeats, "cells": cells,
+                       "dtype_turns": dtype_turns}, f, indent=1)
     return 0
 
 

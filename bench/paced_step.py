@@ -2,12 +2,14 @@
 
 step_bench --paced warms up, prints "ready", then times one step per line it reads and prints its
 ms, and on EOF prints its final JSON line (times_ms, median_ms, ...). Used by compare_reference.py
-(in turns with the PyTorch reference) and ab_step.py (in turns with another build).
+(in turns with the PyTorch reference, and its two dtypes in turns) and ab_step.py (in turns with
+another build).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 
@@ -42,3 +44,27 @@ class PacedStep:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def b_over_a_in_turns(commands: tuple[list[str], list[str]], pairs: int,
+                      gap: float) -> tuple[list[float], list[float], list[float]]:
+    """Two step_bench children, A and B, one step each per pair, which goes first alternating, each
+    after `gap` idle seconds: A's ms, B's ms and each pair's B / A."""
+    sides = [PacedStep(commands[0])]
+    try:
+        sides.append(PacedStep(commands[1]))
+        times: list[list[float]] = [[], []]
+        for i in range(pairs):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                times[side].append(sides[side].step_ms(gap))
+        for side in sides:
+            side.finish()
+    finally:
+        for side in sides:
+            side.kill()
+    return times[0], times[1], [b / x for x, b in zip(*times)]
+
+
+def describe_ratios(ratios: list[float]) -> str:
+    """A list of pair ratios as its median with its range."""
+    return f"{statistics.median(ratios):.3f} (pairs {min(ratios):.3f}-{max(ratios):.3f})"
