@@ -2067,7 +2067,17 @@ struct BlasWeight {
   int64_t k, n;
   WeightLayout layout;
   const at::BFloat16* packed = nullptr;
+  int64_t packed_ld = 0;  // the packed copy's columns ([K/2, N, 2]: its rows' pairs), brgemm's ldb
 };
+
+// Columns [first, first + count) of w: the same rows, of its packed copy as well.
+template <typename T>
+BlasWeight<T> ColumnsOf(BlasWeight<T> w, int64_t first, int64_t count) {
+  w.data += w.layout.transposed ? first * w.layout.ld : first;
+  if (w.packed != nullptr) w.packed += 2 * first;
+  w.n = count;
+  return w;
+}
 
 // Expert `expert` of a [E, K, N] stack, or the [K, N] weight itself (expert < 0), or with `linear`
 // a Linear's [N, K] weight read as its transpose; nullopt where it is not T's of such a form.
@@ -2168,6 +2178,17 @@ bool HasPieceGemm() {
 // row count.
 constexpr int64_t kPieceBrgemmRows = 32, kPieceBrgemmRowStep = 8;
 
+// Bytes of a brgemm call's B block: a deeper product runs as calls over blocks of its depth, each
+// summed into C, so that the block stays in L2 while the call's row blocks sweep it. In one call,
+// a text's 32 tokens through the bench config's 2560-deep projection ran at ~35 GFLOP/s a core.
+constexpr int64_t kBrgemmBlockBytes = 256 << 10;
+
+// The depth of a brgemm call's B block over n columns of `bytes`-wide elements: a multiple of 64
+// (VNNI pairs of bf16 rows), all of k where that fits.
+int64_t BrgemmDepth(int64_t k, int64_t n, int64_t bytes) {
+  return std::min(k, std::max<int64_t>(1, kBrgemmBlockBytes / (64 * n * bytes)) * 64);
+}
+
 // c [m, w.n] (float32, rows of ldc) = a [m, w.k] (rows of lda) · w on one thread, recorded as the
 // op GemmRecord replays over the piece's own `rows` (m less its padding): bf16 on oneDNN's brgemm
 // over w.packed (m a multiple of kPieceBrgemmRowStep); float32 on oneDNN's brgemm where w's rows
@@ -2180,9 +2201,15 @@ void GatedProduct(const uint16_t* a, int64_t m, int64_t rows, int64_t lda,
   TORCH_CHECK(w.packed != nullptr, "cpu::GatedProduct: a bf16 weight without its packed copy");
 #if defined(PRAXIS_X86_SIMD)
   const auto* ab = reinterpret_cast<const at::BFloat16*>(a);
-  for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
-    at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.n, ldc, add_c,
-                                ab + r * lda, w.packed, c + r * ldc);
+  const int64_t depth = BrgemmDepth(w.k, w.n, sizeof(uint16_t));
+  for (int64_t k0 = 0; k0 < w.k; k0 += depth) {
+    // Rows k0 / 2 onwards of the packed [K/2, N, 2] copy.
+    const at::BFloat16* b = w.packed + k0 * w.packed_ld;
+    for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
+      at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, std::min(depth, w.k - k0),
+                                  lda, w.packed_ld, ldc, add_c || k0 > 0, ab + r * lda + k0, b,
+                                  c + r * ldc);
+    }
   }
 #else
   TORCH_CHECK(false, "cpu::GatedProduct: bf16 pieces need x86's brgemm");
@@ -2193,9 +2220,14 @@ void GatedProduct(const float* a, int64_t m, int64_t rows, int64_t lda, const Bl
 #if defined(PRAXIS_X86_SIMD)
   if (!w.layout.transposed && HasFloat32Brgemm()) {
     RECORD_FUNCTION("praxis::brgemm", RecordedProduct(a, rows, lda, w));
-    for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
-      at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n, w.k, lda, w.layout.ld,
-                                  ldc, add_c, a + r * lda, w.data, c + r * ldc, /*is_vnni=*/false);
+    const int64_t depth = BrgemmDepth(w.k, w.n, sizeof(float));
+    for (int64_t k0 = 0; k0 < w.k; k0 += depth) {
+      for (int64_t r = 0; r < m; r += kPieceBrgemmRows) {
+        at::native::cpublas::brgemm(std::min(kPieceBrgemmRows, m - r), w.n,
+                                    std::min(depth, w.k - k0), lda, w.layout.ld, ldc,
+                                    add_c || k0 > 0, a + r * lda + k0, w.data + k0 * w.layout.ld,
+                                    c + r * ldc, /*is_vnni=*/false);
+      }
     }
     return;
   }
@@ -2369,6 +2401,7 @@ bool GatedIntoOf(const torch::Tensor& x, const int64_t* rows, int64_t first, int
       pack = WeightCopies::Get().Find(t, CopyForm::kBrgemm, /*transposed=*/linear);
       if (!pack.defined()) return std::nullopt;
       o->packed = pack.const_data_ptr<at::BFloat16>() + (expert < 0 ? 0 : expert * o->k * o->n);
+      o->packed_ld = o->n;
     }
     return o;
   };
@@ -2486,6 +2519,22 @@ std::optional<std::pair<torch::Tensor, RowRuns>> InRuns(const torch::Tensor& t) 
 // thread held up elsewhere on these 2 shared cores leaves the rest of the product to the other.
 constexpr int64_t kLinearTaskRows = 64;
 
+// A product of fewer row tasks than threads is cut by columns as well, into about two tasks a
+// thread, where it holds at least kLinearSplitWork multiply-adds (~20 µs on one core): a text's 32
+// tokens through the bench config's [2560, 512] projection took 1.8 ms on one thread of two.
+// Column blocks are multiples of kLinearTaskColumnStep wide (the brgemm kernels' vector width).
+constexpr int64_t kLinearSplitWork = int64_t{1} << 20, kLinearTaskColumnStep = 16;
+
+// Column blocks of a BrgemmLinear of m rows (row_tasks tasks of rows), n columns and depth k: the
+// width of each (the last may be narrower); n where the product is not cut by columns.
+int64_t LinearColumnBlock(int64_t m, int64_t n, int64_t k, int64_t row_tasks) {
+  const int64_t threads = at::get_num_threads();
+  if (row_tasks >= threads || m * n * k < kLinearSplitWork) return n;
+  const int64_t blocks = (2 * threads + row_tasks - 1) / row_tasks;
+  const int64_t step = kLinearTaskColumnStep;
+  return std::min(n, ((n + blocks - 1) / blocks + step - 1) / step * step);
+}
+
 // BrgemmLinear in T (float, or bf16 bits over the weight's packed copy); the checks are
 // BrgemmLinear's (docs there).
 template <typename T>
@@ -2522,6 +2571,7 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
     pack = WeightCopies::Get().Find(w, CopyForm::kBrgemm, /*transposed=*/true);
     if (!pack.defined()) return {};
     wt->packed = pack.const_data_ptr<at::BFloat16>();
+    wt->packed_ld = wt->n;
   } else if (wt->layout.transposed) {
     return {};
   }
@@ -2539,35 +2589,43 @@ torch::Tensor LinearOnBrgemm(const torch::Tensor& x_in, const torch::Tensor& w,
     Load(b.const_data_ptr<Elem>(), bias.data(), n);
   }
   const bool add_c = rp != nullptr || b.defined();
-  RunTasks((m + kLinearTaskRows - 1) / kLinearTaskRows, [&](int64_t task) {
+  const int64_t row_tasks = (m + kLinearTaskRows - 1) / kLinearTaskRows;
+  const int64_t width = LinearColumnBlock(m, n, wt->k, row_tasks);
+  const int64_t column_tasks = (n + width - 1) / width;
+  RunTasks(row_tasks * column_tasks, [&](int64_t task) {
     // A bf16 product's float32 sums, rounded once into y's rows.
     thread_local std::vector<float> sums;
-    if constexpr (kBf16) sums.resize(static_cast<size_t>(kPieceBrgemmRows * n));
-    const int64_t end = std::min(m, (task + 1) * kLinearTaskRows);
-    for (int64_t g = task * kLinearTaskRows; g < end;) {
+    if constexpr (kBf16) sums.resize(static_cast<size_t>(kPieceBrgemmRows * width));
+    const int64_t first = task % column_tasks * width, cols = std::min(width, n - first);
+    const BlasWeight<T> wc = ColumnsOf(*wt, first, cols);
+    const int64_t end = std::min(m, (task / column_tasks + 1) * kLinearTaskRows);
+    for (int64_t g = task / column_tasks * kLinearTaskRows; g < end;) {
       const int64_t r = g % rows;
       const int64_t count = std::min({kPieceBrgemmRows, rows - r, end - g});
       const T* a = xp + runs.Offset(g);
+      // C's rows: the sums buffer's (ldc = cols) or y's own (ldc = n).
       float* c = nullptr;
+      int64_t ldc = n;
       if constexpr (kBf16) {
         c = sums.data();
+        ldc = cols;
       } else {
-        c = yp + g * n;
+        c = yp + g * n + first;
       }
       // The residual and the bias as C's rows, which the product adds onto (add_C), as addmm's
       // beta does.
       for (int64_t i = 0; add_c && i < count; ++i) {
-        float* ci = c + i * n;
+        float* ci = c + i * ldc;
         if (rp == nullptr) {
-          std::copy(bias.begin(), bias.end(), ci);
+          std::copy_n(bias.begin() + first, cols, ci);
           continue;
         }
-        Load(rp + rruns.Offset(g + i), ci, n);
-        if (!bias.empty()) AxpyRow(ci, 1.0f, bias.data(), n);
+        Load(rp + rruns.Offset(g + i) + first, ci, cols);
+        if (!bias.empty()) AxpyRow(ci, 1.0f, bias.data() + first, cols);
       }
-      GatedProduct(a, count, count, runs.row_stride, *wt, c, n, add_c);
+      GatedProduct(a, count, count, runs.row_stride, wc, c, ldc, add_c);
       if constexpr (kBf16) {
-        for (int64_t i = 0; i < count; ++i) Store(c + i * n, yp + (g + i) * n, n);
+        for (int64_t i = 0; i < count; ++i) Store(c + i * ldc, yp + (g + i) * n + first, cols);
       }
       g += count;
     }

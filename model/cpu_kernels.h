@@ -205,19 +205,20 @@ bool Float32PiecesOnBlas();
 // PRAXIS_FLOAT32_BRGEMM=0, read once, turns it off for A/B runs. Thread-safe.
 bool HasFloat32Brgemm();
 
-// residual + x · wᵀ + b (residual and b optional) for a Linear on oneDNN's brgemm, its rows cut
-// into tasks the intra-op threads take (RunTasks), read in place where they fold into runs of one
-// stride (a narrowed or batched view; x [..., K], unit-stride rows), else copied into rows first
-// (video tokens read channel-major: LibTorch's strided batched GEMM took 0.57 ms of a bench small
-// float32 B8 step). The residual ([..., N] of x's dtype) and the bias are C's first rows, which
-// the product adds onto: a block's residual add without a pass of its own. float32 where
-// HasFloat32Brgemm and w [N, K] is laid out column-major (its transpose's [K, N] rows, as
-// VideoBackbone::Create lays a float32 model's Linear weights out there); bf16 where HasBf16Brgemm
-// over w's packed copy (PackForBrgemm's, made at load), the float32 sums (residual and bias
-// included) rounded once. On Zen 4 LibTorch's float32 linear (MKL's two-thread GEMM) ran the bench
-// config's projections ([1824, 128]·[128, 258]) at ~50 GFLOP/s a thread, brgemm at ~110. Returns
-// a contiguous [..., N] of x's dtype; undefined where it does not take the product (another dtype,
-// an unpacked bf16 weight, a residual of other sizes). Thread-safe.
+// residual + x · wᵀ + b (residual and b optional) for a Linear on oneDNN's brgemm, its rows (and
+// where they are few, its columns) cut into tasks the intra-op threads take (RunTasks), read in
+// place where they fold into runs of one stride (a narrowed or batched view; x [..., K],
+// unit-stride rows), else copied into rows first (video tokens read channel-major: LibTorch's
+// strided batched GEMM took 0.57 ms of a bench small float32 B8 step). The residual ([..., N] of
+// x's dtype) and the bias are C's first rows, which the product adds onto: a block's residual add
+// without a pass of its own. float32 where HasFloat32Brgemm and w [N, K] is laid out column-major
+// (its transpose's [K, N] rows, as VideoBackbone::Create lays a float32 model's Linear weights out
+// there); bf16 where HasBf16Brgemm over w's packed copy (PackForBrgemm's, made at load), the
+// float32 sums (residual and bias included) rounded once. On Zen 4 LibTorch's float32 linear (MKL's
+// two-thread GEMM) ran the bench config's projections ([1824, 128]·[128, 258]) at ~50 GFLOP/s a
+// thread, brgemm at ~110. Returns a contiguous [..., N] of x's dtype; undefined where it does not
+// take the product (another dtype, an unpacked bf16 weight, a residual of other sizes).
+// Thread-safe.
 torch::Tensor BrgemmLinear(const torch::Tensor& x, const torch::Tensor& w,
                            const torch::Tensor& b = {}, const torch::Tensor& residual = {});
 

@@ -1137,6 +1137,48 @@ TEST(BrgemmLinearTest, EqualsLinearOnTheRowsItReadsInPlace) {
   }
 }
 
+// A product of few rows and a wide, deep weight (a text's tokens through its projection) is cut
+// by columns into tasks for both threads: every block's columns of the weight, its packed copy,
+// the bias and the residual land in y's own columns, the last block narrower than the rest.
+TEST(BrgemmLinearTest, FewRowsCutByColumnsEqualLinear) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  torch::manual_seed(18);
+  const int64_t k = 1000, n = 300;  // 300 columns: blocks of 80, the last of 60
+  const torch::Tensor w = torch::randn({n, k}) / 16, bias = torch::randn({n});
+  const torch::Tensor by_columns = w.t().contiguous().t();
+  const torch::Tensor w16 = w.to(torch::kBFloat16), b16 = bias.to(torch::kBFloat16);
+  const bool bf16 = cpu::HasBf16Brgemm() && cpu::PackForBrgemm({{w16, true}});
+  // 1000 deep: every product also runs as brgemm calls over blocks of its depth, the first one's
+  // sums written (no bias or residual) or added onto C's, the rest added.
+  for (const int64_t m : {5, 40, 100}) {
+    for (const bool add : {true, false}) {
+      const torch::Tensor x = torch::randn({m, k});
+      const torch::Tensor b = add ? bias : torch::Tensor();
+      const torch::Tensor residual = add ? torch::randn({m, n}) : torch::zeros({m, n});
+      const std::string what = std::to_string(m) + (add ? " rows, bias and residual" : " rows");
+      if (cpu::HasFloat32Brgemm()) {
+        const torch::Tensor got =
+            cpu::BrgemmLinear(x, by_columns, b, add ? residual : torch::Tensor());
+        ASSERT_TRUE(got.defined()) << what;
+        const torch::Tensor want = torch::linear(x, w, b) + residual;
+        EXPECT_LE(MaxAbsDiff(got, want), 1e-5 * want.abs().max().item<double>()) << what;
+      }
+      if (!bf16) continue;
+      const torch::Tensor x16 = x.to(torch::kBFloat16), r16 = residual.to(torch::kBFloat16);
+      const torch::Tensor got =
+          cpu::BrgemmLinear(x16, w16, add ? b16 : torch::Tensor(), add ? r16 : torch::Tensor());
+      ASSERT_TRUE(got.defined()) << what;
+      const torch::Tensor want = torch::linear(x16.to(torch::kFloat32), w16.to(torch::kFloat32),
+                                               add ? b16.to(torch::kFloat32) : torch::Tensor()) +
+                                 r16.to(torch::kFloat32);
+      EXPECT_LE(MaxAbsDiff(got.to(torch::kFloat32), want), 1e-2 * want.abs().max().item<double>())
+          << what;
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 TEST(ExpertPieceTest, Float32PiecesEqualTheirFloat32Products) {
   torch::manual_seed(16);
   const int64_t dim = 24, inner = 40, experts = 2;
