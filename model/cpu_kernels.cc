@@ -1047,7 +1047,7 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
     const scalar_t* src = x.const_data_ptr<scalar_t>();
     scalar_t* dst = y.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, b * t, RowGrain(h * hd), [&](int64_t a, int64_t e) {
-      std::vector<float> buf(h * hd);
+      std::vector<float> buf;  // MapRows' float rows, sized where a token takes that path
       for (int64_t bt = a; bt < e; ++bt) {
         const int64_t bi = bt / t, ti = bt % t;
         // The token's heads: in at its projection row, out as row ti of each head's [T, hd].
@@ -1063,6 +1063,7 @@ torch::Tensor NormRopeHeads(const torch::Tensor& x, const torch::Tensor& weight,
           }
         }
 #endif
+        if constexpr (!std::is_same_v<scalar_t, float>) buf.resize(h * hd);
         MapRows(in, sh, out, t * hd, h, hd, buf.data(),
                 [&](const float* x, int64_t sx, float* y, int64_t sy) {
                   NormRopeTokenOn(avx512, x, sx, y, sy, h, hd, wp, feps, cp + ti * hd,
